@@ -1,0 +1,1 @@
+"""Benchmarks: metrics, suites, the runner, the results store, leaderboards and the `shardbench` CLI."""

@@ -1,0 +1,224 @@
+"""The `shardbench` command line: sample and inspect instances, solve one, run a benchmark suite, list
+solvers and oracles. Errors print one line naming the problem and exit non-zero, leaving no output file."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from costmodels import UnknownOracleError, get_oracle, oracle_names
+from instances import InstanceError, Plan, PlanError, load_instance, load_instances, save_instance_set, save_plan
+from instances.dlrm_loader import load_raw_tables
+from instances.io import write_json_atomic
+from instances.model import DTYPE_BYTES, OPTIMIZERS, Workload
+from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
+from solvers import (Budget, SolverOracleMismatch, Status, UnknownSolverError, additive_lower_bounds, get_solver,
+                     run_solver, solver_names)
+
+EXIT_ERROR, EXIT_NO_PLAN = 2, 3
+
+
+def _cmd_sample(args: argparse.Namespace) -> int:
+    spec = TaskSpec(protocol=args.protocol, num_tables=args.tables, split=args.split, seed=args.seed,
+                    num_devices=args.devices, count=args.count, unseen_ratio=args.unseen_ratio,
+                    memory=MemorySpec(args.capacity_bytes, args.tightness), dtype=args.dtype,
+                    workload=Workload(batch_size=args.batch_size, optimizer=args.optimizer, dtype=args.dtype))
+    pool = load_raw_pool(args.pool) if args.pool else None
+    tasks = sample_tasks(spec, pool)
+    description = {"protocol": spec.protocol, "split": spec.split, "seed": spec.seed, "num_tables": spec.num_tables,
+                   "num_devices": tasks[0].num_devices, "memory_capacity_bytes": tasks[0].topology.memory_bytes
+                   if spec.memory.tightness is None else None, "tightness": spec.memory.tightness,
+                   "unseen_ratio": spec.unseen_ratio if spec.protocol == "unseen" else None,
+                   "pool": str(args.pool) if args.pool else "dlrm_t856 (embedded)"}
+    folder = save_instance_set(tasks, args.out, description)
+    print(f"wrote {len(tasks)} instances to {folder}")
+    return 0
+
+
+def load_raw_pool(path: str):
+    from instances.pool import pool_entry_from_record
+    from instances.io import read_json
+
+    records = read_json(path)
+    if not isinstance(records, list) or not records:
+        raise InstanceError(str(path), "a pool file must be a non-empty JSON list of table records")
+    try:
+        return tuple(pool_entry_from_record(i, r) for i, r in enumerate(records))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise InstanceError(str(path), f"pool record malformed ({exc})") from exc
+
+
+def _cmd_import_raw(args: argparse.Namespace) -> int:
+    tables = load_raw_tables(args.file)
+    records = [{"row": t.rows, "pooling_factor": t.pooling_factor,
+                **{f"bin_{b}": share for b, share in enumerate(t.reuse_bins)}} for t in tables]
+    write_json_atomic(args.out, records)
+    print(f"wrote pool of {len(records)} tables to {args.out}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for path in args.paths:
+        try:
+            instances = load_instances(path)
+            print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
+        except InstanceError as exc:
+            print(f"invalid: {exc}", file=sys.stderr)
+            failed += 1
+    return EXIT_ERROR if failed else 0
+
+
+def _cmd_show(args: argparse.Namespace) -> int:
+    for instance in load_instances(args.path):
+        memory = np.array(instance.table_memory())
+        rows = np.array([t.rows for t in instance.tables])
+        pooling = np.array([t.pooling_factor for t in instance.tables])
+        topo = instance.topology
+        print(f"{instance.id}: {instance.num_tables} tables on {topo.nodes} node(s) × {topo.devices_per_node} "
+              f"devices, {topo.memory_bytes / 2**30:.2f} GiB each")
+        print(f"  provenance: {instance.provenance or '-'}")
+        print(f"  memory: {memory.sum() / 2**30:.2f} GiB in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
+              f"of capacity; largest table {memory.max() / 2**30:.3f} GiB")
+        print(f"  rows min/median/max: {rows.min()} / {int(np.median(rows))} / {rows.max()}; "
+              f"pooling mean {pooling.mean():.2f}, max {pooling.max():.2f}")
+        print(f"  workload: batch {instance.workload.batch_size}, optimizer {instance.workload.optimizer}, "
+              f"dtype {instance.workload.dtype}")
+    return 0
+
+
+def _cmd_solve(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    oracle = get_oracle(args.oracle)
+    result = run_solver(args.solver, instance, oracle, Budget(args.time_limit), args.seed)
+    print(f"{args.solver} on {instance.id} under {oracle.name}: {result.status.value}")
+    if result.reason:
+        print(f"  {result.reason}")
+    if oracle.additive:
+        bounds = additive_lower_bounds(oracle.table_costs(instance), instance.num_devices)
+        if result.lower_bound is not None:
+            bounds["solver"] = result.lower_bound
+        best = max(bounds.values())
+        print("  lower bounds: " + ", ".join(f"{k} {v:.6g}" for k, v in bounds.items()))
+    if result.assignment is None:
+        return EXIT_NO_PLAN
+    costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
+    print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance {min(costs) / max(costs):.3f}")
+    if oracle.additive and best > 0:
+        print(f"  gap to best lower bound: {100 * (result.objective / best - 1):.3f} %")
+    if args.output:
+        plan = Plan(instance.id, result.assignment)
+        save_plan(plan, instance, args.output, extra={
+            "solver": args.solver, "oracle": oracle.name, "status": result.status.value, "seed": args.seed,
+            "objective": result.objective, "lower_bound": result.lower_bound, "device_costs": costs,
+            "memory_per_device": list(plan.memory_per_device(instance))})
+        print(f"  plan written to {args.output}")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .leaderboard import leaderboard_markdown, leaderboard_plot, update_readme_block
+    from .runner import run_suite
+    from .suite import load_suite
+
+    suite = load_suite(args.suite)
+    records = run_suite(suite, fresh=args.fresh, workers=args.workers)
+    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
+    markdown = leaderboard_markdown(records, title)
+    suite.leaderboard_path.write_text(markdown + "\n")
+    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    print(markdown)
+    print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
+    if args.readme and not update_readme_block(Path(args.readme), suite.name, markdown):
+        print(f"warning: {args.readme} has no leaderboard:{suite.name} block; not updated", file=sys.stderr)
+    return 0
+
+
+def _cmd_solvers(args: argparse.Namespace) -> int:
+    print(f"{'name':<22} {'exact':<6} {'additive':<9} {'stochastic':<11} kinds        description")
+    for name in solver_names():
+        info = get_solver(name)
+        print(f"{name:<22} {'yes' if info.exact else 'no':<6} {'needs' if info.needs_additive else 'any':<9} "
+              f"{'yes' if info.stochastic else 'no':<11} {','.join(info.kinds):<12} {info.description}")
+    return 0
+
+
+def _cmd_oracles(args: argparse.Namespace) -> int:
+    print(f"{'name':<14} {'additive':<9} {'unit':<13} description")
+    for name in oracle_names():
+        oracle = get_oracle(name)
+        print(f"{name:<14} {'yes' if oracle.additive else 'no':<9} {oracle.unit:<13} {oracle.description}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="shardbench", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    inst = sub.add_parser("instances", help="sample, import, validate and show instances").add_subparsers(
+        dest="instances_command", required=True)
+    sample = inst.add_parser("sample", help="sample a protocol's tasks into an instance-set folder")
+    sample.add_argument("--protocol", choices=PROTOCOLS, default="autoshard")
+    sample.add_argument("--tables", type=int, required=True)
+    sample.add_argument("--devices", type=int, help="default: tables/10 (AutoShard), 4 (DreamShard)")
+    sample.add_argument("--split", choices=SPLITS, default="test")
+    sample.add_argument("--count", type=int, help="keep only the first COUNT tasks of the split")
+    sample.add_argument("--seed", type=int, default=0)
+    sample.add_argument("--unseen-ratio", type=float, default=1.0, help="share of unseen tables (unseen protocol)")
+    memory = sample.add_mutually_exclusive_group()
+    memory.add_argument("--capacity-bytes", type=int, help="memory per device (default 10 GiB)")
+    memory.add_argument("--tightness", type=float, help="memory per device as a factor of the average load")
+    sample.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16")
+    sample.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    sample.add_argument("--batch-size", type=int, default=65536)
+    sample.add_argument("--pool", help="a pool JSON (as written by `instances import-raw`) instead of the embedded one")
+    sample.add_argument("--out", required=True, help="new folder for the instance set")
+    sample.set_defaults(func=_cmd_sample)
+    raw = inst.add_parser("import-raw", help="compute pool features from a raw dlrm_datasets .pt/.pt.gz file")
+    raw.add_argument("file")
+    raw.add_argument("--out", required=True)
+    raw.set_defaults(func=_cmd_import_raw)
+    validate = inst.add_parser("validate", help="check instance files or set folders")
+    validate.add_argument("paths", nargs="+")
+    validate.set_defaults(func=_cmd_validate)
+    show = inst.add_parser("show", help="summarise an instance or a set")
+    show.add_argument("path")
+    show.set_defaults(func=_cmd_show)
+
+    solve = sub.add_parser("solve", help="solve one instance")
+    solve.add_argument("instance")
+    solve.add_argument("--solver", required=True)
+    solve.add_argument("--oracle", default="lookup")
+    solve.add_argument("--time-limit", type=float, default=10.0)
+    solve.add_argument("--seed", type=int, default=0)
+    solve.add_argument("-o", "--output", help="write the validated plan here")
+    solve.set_defaults(func=_cmd_solve)
+
+    bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
+    bench.add_argument("suite")
+    bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
+    bench.add_argument("--workers", type=int)
+    bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
+    bench.set_defaults(func=_cmd_bench)
+
+    sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
+    sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .suite import SuiteError
+
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, SuiteError,
+            FileExistsError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Turns result records into the leaderboard: per oracle, time limit and solver, mean ± std of the
+metrics over the cells that produced a plan, next to counts of every cell that did not (infeasible,
+no plan, error), so that nothing is silently dropped; plus a PNG plot."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .metrics import gap_to_bound, speedup_over_random
+from .runner import best_bounds, random_objectives
+
+
+@dataclass(frozen=True)
+class Row:
+    oracle: str
+    time_limit: float
+    solver: str
+    cells: int
+    with_plan: int
+    optimal: int
+    infeasible: int
+    no_plan: int
+    errors: int
+    objective: tuple[float, float]
+    balance: tuple[float, float]
+    speedup: tuple[float, float]
+    speedup_cells: int
+    gap: tuple[float, float]
+    gap_cells: int
+    within_0_1pct: int
+    time: tuple[float, float]
+    time_median: float
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return (float("nan"), float("nan"))
+    return (float(np.mean(values)), float(np.std(values)))
+
+
+def leaderboard_rows(records: list[dict]) -> list[Row]:
+    randoms, bounds = random_objectives(records), best_bounds(records)
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for r in records:
+        groups[(r["oracle"], r["time_limit"], r["solver"])].append(r)
+    rows = []
+    for (oracle, limit, solver), group in groups.items():
+        planned = [r for r in group if r.get("objective") is not None]
+        speedups = [speedup_over_random(randoms[(r["instance"], oracle)], r["objective"])
+                    for r in planned if (r["instance"], oracle) in randoms]
+        gaps = [gap_to_bound(r["objective"], bounds[(r["instance"], oracle)])
+                for r in planned if (r["instance"], oracle) in bounds]
+        times = [r["solve_time"] for r in group]
+        rows.append(Row(
+            oracle=oracle, time_limit=limit, solver=solver, cells=len(group), with_plan=len(planned),
+            optimal=sum(r["status"] == "optimal" for r in group),
+            infeasible=sum(r["status"] == "infeasible" for r in group),
+            no_plan=sum(r["status"] == "no_plan" for r in group),
+            errors=sum(r["status"] == "error" for r in group),
+            objective=_mean_std([r["objective"] for r in planned]),
+            balance=_mean_std([r["balance"] for r in planned]),
+            speedup=_mean_std(speedups), speedup_cells=len(speedups),
+            gap=_mean_std(gaps), gap_cells=len(gaps), within_0_1pct=sum(g <= 1e-3 for g in gaps),
+            time=_mean_std(times), time_median=float(np.median(times)),
+        ))
+    rows.sort(key=lambda row: (row.oracle, row.time_limit, np.nan_to_num(row.gap[0], nan=np.inf), row.solver))
+    return rows
+
+
+def _fmt(pair: tuple[float, float], scale: float = 1.0, digits: int = 3, suffix: str = "") -> str:
+    mean, std = pair
+    if np.isnan(mean):
+        return "n/a"
+    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}{suffix}"
+
+
+def leaderboard_markdown(records: list[dict], title: str) -> str:
+    rows = leaderboard_rows(records)
+    lines = [f"#### {title}", ""]
+    for (oracle, limit) in dict.fromkeys((r.oracle, r.time_limit) for r in rows):
+        part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
+        instances = len({rec["instance"] for rec in records if rec["oracle"] == oracle and rec["time_limit"] == limit})
+        lines += [f"oracle `{oracle}`, time limit {limit:g} s, {instances} instances. Means ± std over cells "
+                  "with a plan; every other cell is counted in its column.", "",
+                  "| solver | plans | optimal | infeasible | no plan | errors | balance | speedup over random "
+                  "| gap to bound | ≤0.1 % gap | time (s) mean ± std | time median |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in part:
+            lines.append(
+                f"| {r.solver} | {r.with_plan}/{r.cells} | {r.optimal} | {r.infeasible} | {r.no_plan} | {r.errors} "
+                f"| {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 2, ' %')} "
+                f"| {r.within_0_1pct}/{r.gap_cells} | {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def leaderboard_plot(records: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = leaderboard_rows(records)
+    settings = list(dict.fromkeys((r.oracle, r.time_limit) for r in rows))
+    fig, axes = plt.subplots(len(settings), 2, figsize=(12, 3.2 * len(settings) + 0.8), squeeze=False)
+    for (oracle, limit), (ax_speed, ax_gap) in zip(settings, axes):
+        part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
+        names = [r.solver for r in part]
+        y = np.arange(len(part))
+        ax_speed.barh(y, [r.speedup[0] for r in part], xerr=[r.speedup[1] for r in part], color="tab:blue")
+        ax_speed.set_yticks(y, names)
+        ax_speed.set_xlabel("speedup over random (×)")
+        ax_speed.set_title(f"{oracle}, {limit:g} s")
+        ax_gap.barh(y, [100 * r.gap[0] for r in part], xerr=[100 * r.gap[1] for r in part], color="tab:orange")
+        ax_gap.set_yticks(y, names)
+        ax_gap.set_xscale("symlog", linthresh=0.1)
+        ax_gap.set_xlabel("gap to best lower bound (%)")
+        for ax in (ax_speed, ax_gap):
+            ax.invert_yaxis()
+    fig.suptitle(title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def update_readme_block(readme: Path, block_name: str, content: str) -> bool:
+    """Replaces the text between `<!-- leaderboard:NAME -->` and `<!-- /leaderboard:NAME -->`."""
+    start, end = f"<!-- leaderboard:{block_name} -->", f"<!-- /leaderboard:{block_name} -->"
+    text = readme.read_text()
+    if start not in text or end not in text:
+        return False
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    readme.write_text(f"{head}{start}\n{content}\n{end}{tail}")
+    return True

@@ -1,0 +1,182 @@
+"""Runs a suite: every instance × solver × oracle × time limit × seed is a cell, run in its own forked
+process under a hard deadline so that a solver that crashes or hangs costs one error row, not the sweep.
+Finished cells are appended to the results store at once; cells already there are not run again."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Callable, Iterable
+
+import numpy as np
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from costmodels import get_oracle
+from instances import Instance, load_instances
+from solvers import Budget, best_additive_lower_bound, get_solver, run_solver
+
+from .metrics import degree_of_balance
+from .store import append_record, cell_key, read_records
+from .suite import Suite
+
+
+@dataclass(frozen=True)
+class Cell:
+    instance: Instance
+    solver: str
+    oracle: str
+    time_limit: float
+    seed: int
+
+    @property
+    def key(self) -> tuple:
+        return (self.instance.id, self.solver, self.oracle, self.time_limit, self.seed)
+
+    def record_base(self) -> dict:
+        return {"instance": self.instance.id, "solver": self.solver, "oracle": self.oracle,
+                "time_limit": self.time_limit, "seed": self.seed}
+
+
+def kill_deadline(time_limit: float) -> float:
+    """Wall-clock a cell may take before it is killed: its budget plus room for start-up and checks."""
+    return 1.5 * time_limit + 10.0
+
+
+def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
+    """Deterministic solvers run once (seed 0) per setting; random runs with the suite's random seeds,
+    always, because speedups are measured against it; other stochastic solvers with the suite's seeds."""
+    solvers = list(dict.fromkeys(("random", *suite.solvers)))
+    cells = []
+    for instance in instances:
+        for oracle in suite.oracles:
+            for time_limit in suite.time_limits:
+                for solver in solvers:
+                    info = get_solver(solver)
+                    seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s) for s in seeds)
+    return cells
+
+
+def execute_cell(cell: Cell) -> dict:
+    oracle = get_oracle(cell.oracle)
+    instance = cell.instance
+    start = time.perf_counter()
+    result = run_solver(cell.solver, instance, oracle, Budget(cell.time_limit), cell.seed)
+    elapsed = time.perf_counter() - start
+    record = {**cell.record_base(), "status": result.status.value, "reason": result.reason,
+              "solve_time": elapsed, "lower_bound": result.lower_bound, "stats": dict(result.stats),
+              "num_tables": instance.num_tables, "num_devices": instance.num_devices,
+              "instance_bound": (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
+                                 if oracle.additive else None)}
+    if result.assignment is not None:
+        costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
+        memory = [0] * instance.num_devices
+        for need, device in zip(instance.table_memory(), result.assignment):
+            memory[device] += need
+        record.update(objective=result.objective, device_costs=costs, balance=degree_of_balance(costs),
+                      memory_per_device=memory, peak_memory=max(memory),
+                      memory_capacity=instance.topology.memory_bytes, assignment=list(result.assignment))
+    return record
+
+
+def _child(connection, cell: Cell) -> None:
+    try:
+        connection.send(("ok", execute_cell(cell)))
+    except BaseException as exc:  # the parent turns anything a solver raises into an error row
+        connection.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
+    finally:
+        connection.close()
+
+
+def _error_record(cell: Cell, message: str, elapsed: float) -> dict:
+    return {**cell.record_base(), "status": "error", "error": message, "solve_time": elapsed,
+            "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices}
+
+
+def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None],
+              progress: Callable[[dict], None] | None = None) -> None:
+    context = mp.get_context("fork")
+    pending = deque(cells)
+    running: dict = {}
+    while pending or running:
+        while pending and len(running) < workers:
+            cell = pending.popleft()
+            receiver, sender = context.Pipe(duplex=False)
+            process = context.Process(target=_child, args=(sender, cell), daemon=True)
+            process.start()
+            sender.close()
+            running[receiver] = (process, cell, time.monotonic())
+        now = time.monotonic()
+        nearest = min(started + kill_deadline(c.time_limit) for _, c, started in running.values())
+        ready = wait(list(running), timeout=max(0.0, nearest - now))
+        now = time.monotonic()
+        for receiver in list(running):
+            process, cell, started = running[receiver]
+            record = None
+            if receiver in ready:
+                try:
+                    kind, payload = receiver.recv()
+                    record = payload if kind == "ok" else _error_record(cell, payload, now - started)
+                except EOFError:
+                    process.join(1.0)
+                    record = _error_record(cell, f"solver process died (exit code {process.exitcode})", now - started)
+            elif now - started > kill_deadline(cell.time_limit):
+                process.kill()
+                record = _error_record(cell, f"killed after {now - started:.1f} s: exceeded its "
+                                             f"{cell.time_limit:g} s budget by too much", now - started)
+            if record is not None:
+                process.join(1.0)
+                receiver.close()
+                del running[receiver]
+                on_record(record)
+                if progress:
+                    progress(record)
+
+
+def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, quiet: bool = False) -> list[dict]:
+    """Runs what the store lacks and returns every record of this suite's cells."""
+    if fresh and suite.results.exists():
+        suite.results.unlink()
+    instances = load_instances(suite.instances)
+    cells = suite_cells(suite, instances)
+    done = {cell_key(r): r for r in read_records(suite.results)}
+    todo = [c for c in cells if c.key not in done]
+    if not quiet:
+        print(f"{suite.name}: {len(cells)} cells, {len(cells) - len(todo)} already in {suite.results}, "
+              f"{len(todo)} to run on {workers or suite.workers} workers")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  auto_refresh=False, disable=quiet) as bar:
+        task = bar.add_task(suite.name, total=len(todo))
+
+        def advance(record: dict) -> None:
+            bar.update(task, advance=1, description=f"{suite.name}: {record['solver']} {record['status']}")
+            bar.refresh()
+
+        def store(record: dict) -> None:
+            append_record(suite.results, record)
+            done[cell_key(record)] = record
+
+        run_cells(todo, workers or suite.workers, store, advance)
+    return [done[c.key] for c in cells if c.key in done]
+
+
+def random_objectives(records: list[dict]) -> dict[tuple, list[float]]:
+    out: dict[tuple, list[float]] = {}
+    for r in records:
+        if r["solver"] == "random" and r.get("objective") is not None:
+            out.setdefault((r["instance"], r["oracle"]), []).append(r["objective"])
+    return out
+
+
+def best_bounds(records: list[dict]) -> dict[tuple, float]:
+    """Per (instance, oracle): the best of the computed bound and every bound a solver proved."""
+    out: dict[tuple, float] = {}
+    for r in records:
+        key = (r["instance"], r["oracle"])
+        for value in (r.get("instance_bound"), r.get("lower_bound")):
+            if value is not None and np.isfinite(value):
+                out[key] = max(out.get(key, 0.0), float(value))
+    return out

@@ -1,0 +1,371 @@
+"""The shared instance format: immutable tables, topology, workload, instances and placement plans,
+with validation that names the offending field, and JSON (de)serialisation with a schema version."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+SCHEMA_VERSION = 1
+NUM_REUSE_BINS = 17
+BINS_TOLERANCE = 1e-6
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+ROW_DISTRIBUTION_KINDS = ("power_law", "empirical")
+BUCKET_MAPPINGS = ("interleave", "chunk")
+OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
+
+
+class InstanceError(ValueError):
+    """Bad input: `field` is the dotted path of the offending value, `reason` says what is wrong."""
+
+    def __init__(self, field_path: str, reason: str):
+        super().__init__(f"{field_path}: {reason}")
+        self.field = field_path
+        self.reason = reason
+
+
+class PlanError(ValueError):
+    """A plan that does not fit its instance (tables missing, device out of range, memory exceeded)."""
+
+
+def _require(condition: bool, field_path: str, reason: str) -> None:
+    if not condition:
+        raise InstanceError(field_path, reason)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
+
+
+def _positive_int(value: Any, path: str) -> int:
+    _require(_is_int(value), path, f"must be an integer, got {value!r}")
+    _require(value > 0, path, f"must be > 0, got {value}")
+    return value
+
+
+def _finite(value: Any, path: str, minimum: float | None = None, strict: bool = False) -> float:
+    _require(_is_number(value), path, f"must be a finite number, got {value!r}")
+    if minimum is not None:
+        ok = value > minimum if strict else value >= minimum
+        _require(ok, path, f"must be {'>' if strict else '>='} {minimum}, got {value}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class RowDistribution:
+    """Per-row access probabilities of a table, compactly: a power law p_i ∝ i^-alpha over the rows in
+    descending frequency, or an explicit empirical list of per-row probabilities (descending not required)."""
+
+    kind: str
+    alpha: float | None = None
+    probabilities: tuple[float, ...] | None = None
+
+    def validate(self, path: str) -> None:
+        _require(self.kind in ROW_DISTRIBUTION_KINDS, f"{path}.kind",
+                 f"must be one of {ROW_DISTRIBUTION_KINDS}, got {self.kind!r}")
+        if self.kind == "power_law":
+            _finite(self.alpha, f"{path}.alpha", 0.0)
+            _require(self.probabilities is None, f"{path}.probabilities", "not allowed for power_law")
+        else:
+            _require(self.probabilities is not None and len(self.probabilities) > 0,
+                     f"{path}.probabilities", "required and non-empty for an empirical distribution")
+            for i, p in enumerate(self.probabilities):
+                _finite(p, f"{path}.probabilities[{i}]", 0.0)
+                _require(p <= 1.0, f"{path}.probabilities[{i}]", f"a probability must be <= 1, got {p}")
+
+
+@dataclass(frozen=True)
+class BucketSpec:
+    """How a collision-free table's ids map to buckets (RFC): `count` buckets, interleave or chunk."""
+
+    count: int
+    mapping: str
+    rows_per_bucket: int | None = None
+
+    def validate(self, path: str) -> None:
+        _positive_int(self.count, f"{path}.count")
+        _require(self.mapping in BUCKET_MAPPINGS, f"{path}.mapping",
+                 f"must be one of {BUCKET_MAPPINGS}, got {self.mapping!r}")
+        if self.rows_per_bucket is not None:
+            _positive_int(self.rows_per_bucket, f"{path}.rows_per_bucket")
+
+
+@dataclass(frozen=True)
+class Table:
+    name: str
+    rows: int
+    dim: int
+    dtype_bytes: int
+    pooling_factor: float
+    reuse_bins: tuple[float, ...]
+    pooled: bool = True
+    row_distribution: RowDistribution | None = None
+    buckets: BucketSpec | None = None
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.rows * self.dim * self.dtype_bytes
+
+    def validate(self, path: str) -> None:
+        _require(isinstance(self.name, str) and self.name != "", f"{path}.name", "must be a non-empty string")
+        _positive_int(self.rows, f"{path}.rows")
+        _positive_int(self.dim, f"{path}.dim")
+        _require(_is_int(self.dtype_bytes) and self.dtype_bytes in DTYPE_BYTES.values(), f"{path}.dtype_bytes",
+                 f"must be one of {sorted(set(DTYPE_BYTES.values()))}, got {self.dtype_bytes!r}")
+        _finite(self.pooling_factor, f"{path}.pooling_factor", 0.0)
+        _require(isinstance(self.pooled, bool), f"{path}.pooled", f"must be a boolean, got {self.pooled!r}")
+        bins_path = f"{path}.reuse_bins"
+        _require(len(self.reuse_bins) == NUM_REUSE_BINS, bins_path,
+                 f"must have {NUM_REUSE_BINS} values, got {len(self.reuse_bins)}")
+        for i, share in enumerate(self.reuse_bins):
+            _finite(share, f"{bins_path}[{i}]", 0.0)
+        total = sum(self.reuse_bins)
+        if self.pooling_factor == 0.0:
+            _require(total == 0.0 or abs(total - 1.0) <= BINS_TOLERANCE, bins_path,
+                     f"must sum to 1 (or be all zero for a table without lookups), got {total}")
+        else:
+            _require(abs(total - 1.0) <= BINS_TOLERANCE, bins_path,
+                     f"must sum to 1 within {BINS_TOLERANCE}, got {total}")
+        if self.row_distribution is not None:
+            self.row_distribution.validate(f"{path}.row_distribution")
+            probs = self.row_distribution.probabilities
+            _require(probs is None or len(probs) <= self.rows, f"{path}.row_distribution.probabilities",
+                     f"has {0 if probs is None else len(probs)} rows, table has {self.rows}")
+        if self.buckets is not None:
+            self.buckets.validate(f"{path}.buckets")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """nodes × devices_per_node identical devices. Bandwidths in bytes per second."""
+
+    nodes: int
+    devices_per_node: int
+    memory_bytes: int
+    intra_node_a2a_bw: float = 150e9
+    inter_node_a2a_bw: float = 12.5e9
+    allreduce_global_bw: float = 12.5e9
+    allreduce_cross_node_bw: float = 12.5e9
+    device_kind: str = "gpu"
+
+    @property
+    def num_devices(self) -> int:
+        return self.nodes * self.devices_per_node
+
+    def validate(self, path: str) -> None:
+        _positive_int(self.nodes, f"{path}.nodes")
+        _positive_int(self.devices_per_node, f"{path}.devices_per_node")
+        _positive_int(self.memory_bytes, f"{path}.memory_bytes")
+        for name in ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw", "allreduce_cross_node_bw"):
+            _finite(getattr(self, name), f"{path}.{name}", 0.0, strict=True)
+        _require(isinstance(self.device_kind, str) and self.device_kind != "", f"{path}.device_kind",
+                 "must be a non-empty string")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """batch_size is per device; dtype is that of the embedding outputs sent over the network."""
+
+    batch_size: int = 65536
+    optimizer: str = "sgd"
+    dtype: str = "fp16"
+
+    def validate(self, path: str) -> None:
+        _positive_int(self.batch_size, f"{path}.batch_size")
+        _require(self.optimizer in OPTIMIZERS, f"{path}.optimizer",
+                 f"must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        _require(self.dtype in DTYPE_BYTES, f"{path}.dtype", f"must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+
+
+def optimizer_state_bytes(table: Table, optimizer: str) -> int:
+    """Optimizer state kept in fp32 beside the weights (one scalar per row for row-wise Adagrad)."""
+    per_row = {"sgd": 0, "rowwise_adagrad": 4, "adagrad": 4 * table.dim, "adam": 8 * table.dim}[optimizer]
+    return table.rows * per_row
+
+
+def table_memory_bytes(table: Table, workload: Workload) -> int:
+    return table.weight_bytes + optimizer_state_bytes(table, workload.optimizer)
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str
+    tables: tuple[Table, ...]
+    topology: Topology
+    workload: Workload = field(default_factory=Workload)
+    provenance: str = ""
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def num_devices(self) -> int:
+        return self.topology.num_devices
+
+    def table_memory(self) -> tuple[int, ...]:
+        return tuple(table_memory_bytes(t, self.workload) for t in self.tables)
+
+    def validate(self) -> "Instance":
+        _require(isinstance(self.id, str) and self.id != "", "id", "must be a non-empty string")
+        _require(len(self.tables) > 0, "tables", "must hold at least one table")
+        seen: set[str] = set()
+        for i, table in enumerate(self.tables):
+            table.validate(f"tables[{i}]")
+            _require(table.name not in seen, f"tables[{i}].name", f"duplicate table name {table.name!r}")
+            seen.add(table.name)
+        self.topology.validate("topology")
+        self.workload.validate("workload")
+        return self
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A table placement: `assignment[i]` is the device of `instance.tables[i]`."""
+
+    instance_id: str
+    assignment: tuple[int, ...]
+    kind: str = "placement"
+
+    def device_tables(self, num_devices: int) -> tuple[tuple[int, ...], ...]:
+        groups: list[list[int]] = [[] for _ in range(num_devices)]
+        for table_index, device in enumerate(self.assignment):
+            groups[device].append(table_index)
+        return tuple(tuple(g) for g in groups)
+
+    def memory_per_device(self, instance: Instance) -> tuple[int, ...]:
+        used = [0] * instance.num_devices
+        for mem, device in zip(instance.table_memory(), self.assignment):
+            used[device] += mem
+        return tuple(used)
+
+    def validate(self, instance: Instance) -> "Plan":
+        """Every table placed exactly once on an existing device, and each device within memory."""
+        if self.instance_id != instance.id:
+            raise PlanError(f"plan is for instance {self.instance_id!r}, not {instance.id!r}")
+        if len(self.assignment) != instance.num_tables:
+            raise PlanError(f"plan places {len(self.assignment)} tables, instance has {instance.num_tables}")
+        for i, device in enumerate(self.assignment):
+            if not _is_int(device) or not 0 <= device < instance.num_devices:
+                raise PlanError(f"assignment[{i}] (table {instance.tables[i].name}): device {device!r} "
+                                f"is not in 0..{instance.num_devices - 1}")
+        capacity = instance.topology.memory_bytes
+        over = [(d, m) for d, m in enumerate(self.memory_per_device(instance)) if m > capacity]
+        if over:
+            detail = ", ".join(f"device {d} uses {m} B" for d, m in over)
+            raise PlanError(f"memory capacity {capacity} B exceeded: {detail}")
+        return self
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def _expect_mapping(data: Any, path: str) -> Mapping[str, Any]:
+    _require(isinstance(data, Mapping), path, f"must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _take(data: Mapping[str, Any], path: str, required: Sequence[str], optional: Sequence[str] = ()) -> dict:
+    unknown = sorted(set(data) - set(required) - set(optional))
+    _require(not unknown, _join(path, unknown[0]) if unknown else path, "unknown field")
+    for key in required:
+        _require(key in data, _join(path, key), "missing")
+    return {k: data[k] for k in (*required, *optional) if k in data}
+
+
+def _table_from_dict(data: Any, path: str) -> Table:
+    data = _expect_mapping(data, path)
+    values = _take(data, path, ("name", "rows", "dim", "dtype_bytes", "pooling_factor", "reuse_bins"),
+                   ("pooled", "row_distribution", "buckets"))
+    bins = values["reuse_bins"]
+    _require(isinstance(bins, list), f"{path}.reuse_bins", "must be a list")
+    values["reuse_bins"] = tuple(bins)
+    if values.get("row_distribution") is not None:
+        rd_path = f"{path}.row_distribution"
+        rd = _take(_expect_mapping(values["row_distribution"], rd_path), rd_path, ("kind",), ("alpha", "probabilities"))
+        if rd.get("probabilities") is not None:
+            _require(isinstance(rd["probabilities"], list), f"{rd_path}.probabilities", "must be a list")
+            rd["probabilities"] = tuple(rd["probabilities"])
+        values["row_distribution"] = RowDistribution(**rd)
+    if values.get("buckets") is not None:
+        b_path = f"{path}.buckets"
+        values["buckets"] = BucketSpec(**_take(_expect_mapping(values["buckets"], b_path), b_path,
+                                               ("count", "mapping"), ("rows_per_bucket",)))
+    return Table(**values)
+
+
+def _table_to_dict(table: Table) -> dict:
+    out: dict[str, Any] = {
+        "name": table.name, "rows": table.rows, "dim": table.dim, "dtype_bytes": table.dtype_bytes,
+        "pooling_factor": table.pooling_factor, "reuse_bins": list(table.reuse_bins), "pooled": table.pooled,
+    }
+    if table.row_distribution is not None:
+        rd = table.row_distribution
+        out["row_distribution"] = {"kind": rd.kind, "alpha": rd.alpha,
+                                   "probabilities": None if rd.probabilities is None else list(rd.probabilities)}
+    if table.buckets is not None:
+        out["buckets"] = {"count": table.buckets.count, "mapping": table.buckets.mapping,
+                          "rows_per_bucket": table.buckets.rows_per_bucket}
+    return out
+
+
+_TOPOLOGY_FIELDS = ("nodes", "devices_per_node", "memory_bytes")
+_TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw",
+                      "allreduce_cross_node_bw", "device_kind")
+
+
+def instance_to_dict(instance: Instance) -> dict:
+    topo, work = instance.topology, instance.workload
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "id": instance.id,
+        "provenance": instance.provenance,
+        "topology": {k: getattr(topo, k) for k in (*_TOPOLOGY_FIELDS, *_TOPOLOGY_OPTIONAL)},
+        "workload": {"batch_size": work.batch_size, "optimizer": work.optimizer, "dtype": work.dtype},
+        "tables": [_table_to_dict(t) for t in instance.tables],
+    }
+
+
+def instance_from_dict(data: Any) -> Instance:
+    """Parse and validate; raises InstanceError naming the first bad field."""
+    data = _expect_mapping(data, "instance")
+    values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance"))
+    version = values["schema_version"]
+    _require(version == SCHEMA_VERSION, "schema_version", f"unsupported version {version!r} (expected {SCHEMA_VERSION})")
+    topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, _TOPOLOGY_OPTIONAL)
+    work_raw = values.get("workload", {})
+    work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
+    tables = values["tables"]
+    _require(isinstance(tables, list), "tables", "must be a list")
+    instance = Instance(
+        id=values["id"],
+        tables=tuple(_table_from_dict(t, f"tables[{i}]") for i, t in enumerate(tables)),
+        topology=Topology(**topo),
+        workload=Workload(**work),
+        provenance=values.get("provenance", ""),
+    )
+    return instance.validate()
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    return {"schema_version": SCHEMA_VERSION, "kind": plan.kind, "instance_id": plan.instance_id,
+            "assignment": list(plan.assignment)}
+
+
+def plan_from_dict(data: Any) -> Plan:
+    data = _expect_mapping(data, "plan")
+    _require(data.get("schema_version") == SCHEMA_VERSION, "schema_version",
+             f"unsupported version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
+    _require(data.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {data.get('kind')!r}")
+    for key in ("instance_id", "assignment"):
+        _require(key in data, key, "missing")
+    _require(isinstance(data["assignment"], list), "assignment", "must be a list of device indices")
+    return Plan(instance_id=data["instance_id"], assignment=tuple(data["assignment"]))

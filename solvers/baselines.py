@@ -1,0 +1,52 @@
+"""Naive baselines: seeded random placement (the papers' reference for speedups) and round-robin;
+both respect memory."""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels import Oracle
+from instances import Instance
+
+from .base import Budget, MemoryTracker, SolveResult, Status, infeasible, memory_infeasibility, register, stuck
+
+
+def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResult:
+    """Tables in random order, each on a device drawn uniformly among those with room."""
+    tracker = MemoryTracker(instance)
+    assignment = np.full(instance.num_tables, -1, dtype=np.int64)
+    for table in rng.permutation(instance.num_tables):
+        feasible = np.flatnonzero(tracker.fits(table))
+        if feasible.size == 0:
+            return stuck(instance, int(table), tracker)
+        device = int(rng.choice(feasible))
+        tracker.place(int(table), device)
+        assignment[table] = device
+    return SolveResult(Status.FEASIBLE, assignment=tuple(int(d) for d in assignment))
+
+
+@register("random", "uniformly random device per table among those with room", stochastic=True)
+def random_placement(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+    proof = memory_infeasibility(instance)
+    if proof:
+        return infeasible(proof)
+    return random_assignment(instance, np.random.default_rng(seed))
+
+
+@register("round-robin", "table i to the next device in cyclic order that has room")
+def round_robin(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+    proof = memory_infeasibility(instance)
+    if proof:
+        return infeasible(proof)
+    tracker = MemoryTracker(instance)
+    k = instance.num_devices
+    assignment, cursor = [], 0
+    for table in range(instance.num_tables):
+        fits = tracker.fits(table)
+        step = next((s for s in range(k) if fits[(cursor + s) % k]), None)
+        if step is None:
+            return stuck(instance, table, tracker)
+        device = (cursor + step) % k
+        tracker.place(table, device)
+        assignment.append(device)
+        cursor = device + 1
+    return SolveResult(Status.FEASIBLE, assignment=tuple(assignment))

@@ -1,0 +1,50 @@
+"""The greedy skeleton, written once: order tables by a cost, then put each on the memory-feasible
+device whose cost after adding it is lowest. The variants differ only in the cost they are given."""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels import HEURISTIC_COSTS, DeviceState, Oracle, heuristic_costs
+from costmodels.base import AdditiveDeviceState
+from instances import Instance
+
+from .base import (Budget, MemoryTracker, SolveResult, Status, infeasible, memory_infeasibility, order_by_cost,
+                   register, stuck)
+
+
+def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> SolveResult:
+    proof = memory_infeasibility(instance)
+    if proof:
+        return infeasible(proof)
+    tracker = MemoryTracker(instance)
+    assignment = np.full(instance.num_tables, -1, dtype=np.int64)
+    for table in order:
+        feasible = np.flatnonzero(tracker.fits(table))
+        if feasible.size == 0:
+            return stuck(instance, int(table), tracker)
+        after = state.costs_if_added(int(table), feasible)
+        device = int(feasible[int(np.argmin(after))])
+        state.add(int(table), device)
+        tracker.place(int(table), device)
+        assignment[table] = device
+    return SolveResult(Status.FEASIBLE, assignment=tuple(int(d) for d in assignment))
+
+
+def greedy_by_costs(instance: Instance, costs: np.ndarray) -> SolveResult:
+    """Balance a fixed per-table cost vector (longest-processing-time-first with memory)."""
+    return greedy_assign(instance, order_by_cost(costs), AdditiveDeviceState(costs, instance.num_devices))
+
+
+def _heuristic_greedy(kind: str):
+    def solve(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+        return greedy_by_costs(instance, heuristic_costs(instance, kind))
+    return solve
+
+
+for _kind, (_, _meaning) in HEURISTIC_COSTS.items():
+    register(f"{_kind}-greedy", f"greedy balancing of {_meaning}, whatever the oracle")(_heuristic_greedy(_kind))
+
+
+@register("lpt", "greedy (LPT) on the given oracle's per-table costs", needs_additive=True)
+def lpt(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+    return greedy_by_costs(instance, oracle.table_costs(instance))

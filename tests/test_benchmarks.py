@@ -1,0 +1,190 @@
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from benchmarks.cli import main
+from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
+from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
+from benchmarks.runner import run_suite
+from benchmarks.store import read_records
+from benchmarks.suite import SuiteError, load_suite
+from instances import load_instance, save_instance, save_instance_set
+from instances.sampler import MemorySpec, TaskSpec, sample_tasks
+from solvers.base import _REGISTRY, SolveResult, Status, register
+
+from conftest import make_instance
+
+
+# Misbehaving solvers: the runner must turn each into one error row and go on.
+def _raises(instance, oracle, budget, seed):
+    raise RuntimeError("boom")
+
+
+def _hangs(instance, oracle, budget, seed):
+    time.sleep(3600)
+
+
+def _dies(instance, oracle, budget, seed):
+    os._exit(9)
+
+
+def _cheats(instance, oracle, budget, seed):
+    return SolveResult(Status.FEASIBLE, assignment=(0,) * instance.num_tables)
+
+
+@pytest.fixture
+def misbehaving_solvers():
+    names = {"test-raises": _raises, "test-hangs": _hangs, "test-dies": _dies, "test-cheats": _cheats}
+    for name, fn in names.items():
+        register(name, "misbehaves on purpose")(fn)
+    yield list(names)
+    for name in names:
+        _REGISTRY.pop(name)
+
+
+def test_metrics():
+    assert degree_of_balance([2.0, 4.0]) == 0.5
+    assert degree_of_balance([0.0, 0.0]) == 1.0
+    assert speedup_over_random([4.0, 6.0], 2.0) == 2.5
+    assert gap_to_bound(101.0, 100.0) == pytest.approx(0.01)
+
+
+def _write_suite(tmp_path, solvers, time_limit=2, instances_folder="set", seeds=(0,), random_seeds=(0, 1)):
+    suite = tmp_path / "suite.toml"
+    suite.write_text(
+        f'name = "t"\ninstances = "{instances_folder}"\nresults = "out/t.jsonl"\noracles = ["lookup"]\n'
+        f"solvers = {json.dumps(solvers)}\ntime_limits = [{time_limit}]\nseeds = {list(seeds)}\n"
+        f"random_seeds = {list(random_seeds)}\nworkers = 2\n")
+    return suite
+
+
+@pytest.fixture
+def small_set(tmp_path):
+    tasks = sample_tasks(TaskSpec("autoshard", 20, count=2, memory=MemorySpec(tightness=1.5)))
+    save_instance_set(tasks, tmp_path / "set", {"protocol": "autoshard"})
+    return tasks
+
+
+def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, monkeypatch, misbehaving_solvers):
+    monkeypatch.setattr("benchmarks.runner.kill_deadline", lambda limit: 2.0)
+    suite = load_suite(_write_suite(tmp_path, ["lpt", *misbehaving_solvers]))
+    start = time.monotonic()
+    records = run_suite(suite, quiet=True)
+    assert time.monotonic() - start < 60
+    by_solver = {}
+    for r in records:
+        by_solver.setdefault(r["solver"], []).append(r)
+    assert len(records) == 2 * (2 + 5)  # random with 2 seeds plus five solvers, on 2 instances
+    assert all(r["status"] == "feasible" for r in by_solver["lpt"] + by_solver["random"])
+    assert all(r["status"] == "error" and "boom" in r["error"] for r in by_solver["test-raises"])
+    assert all(r["status"] == "error" and "killed" in r["error"] for r in by_solver["test-hangs"])
+    assert all(r["status"] == "error" and "exit code 9" in r["error"] for r in by_solver["test-dies"])
+    assert all(r["status"] == "error" and "PlanError" in r["error"] for r in by_solver["test-cheats"])
+    rows = {row.solver: row for row in leaderboard_rows(records)}
+    assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
+    markdown = leaderboard_markdown(records, "t")
+    assert "| test-hangs | 0/2 | 0 | 0 | 0 | 2 |" in markdown
+
+
+def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
+    suite = load_suite(_write_suite(tmp_path, ["lpt", "lookup-greedy"]))
+    first = run_suite(suite, quiet=True)
+    stored = read_records(suite.results)
+    assert len(stored) == len(first) == 8
+    lines = suite.results.read_text().splitlines()
+    suite.results.write_text("\n".join(lines[:5]) + "\n" + lines[5][:10] + "\n")  # a sweep killed mid-write
+    second = run_suite(suite, quiet=True)
+    assert len(second) == 8 and len(read_records(suite.results)) == 8
+    assert [r["assignment"] for r in second if r["solver"] == "lpt"] == \
+        [r["assignment"] for r in first if r["solver"] == "lpt"]
+    third = run_suite(suite, quiet=True)
+    assert len(read_records(suite.results)) == 8 and len(third) == 8
+
+
+def test_leaderboard_counts_infeasible_cells(tmp_path):
+    infeasible = make_instance([(1000, 16, 1.0)], 2, 100)
+    feasible = make_instance([(10, 8, 1.0), (10, 8, 2.0)], 2, 10**6, instance_id="ok")
+    save_instance_set([infeasible, feasible], tmp_path / "set", {})
+    suite = load_suite(_write_suite(tmp_path, ["lpt"]))
+    records = run_suite(suite, quiet=True)
+    rows = {row.solver: row for row in leaderboard_rows(records)}
+    assert rows["lpt"].infeasible == 1 and rows["lpt"].with_plan == 1 and rows["lpt"].cells == 2
+    assert rows["random"].infeasible == 2
+
+
+def test_suite_errors_name_the_field(tmp_path, small_set):
+    with pytest.raises(SuiteError, match="instances"):
+        load_suite(_write_suite(tmp_path, ["lpt"], instances_folder="nowhere"))
+    bad = _write_suite(tmp_path, ["lpt"])
+    bad.write_text(bad.read_text().replace("time_limits = [2]", "time_limits = [-1]"))
+    with pytest.raises(SuiteError, match="time_limits"):
+        load_suite(bad)
+    with pytest.raises(KeyError, match="unknown solver"):
+        load_suite(_write_suite(tmp_path, ["no-such-solver"]))
+
+
+# ---------------------------------------------------------------- CLI end to end
+
+
+def test_cli_sample_validate_show_solve(tmp_path, capsys):
+    out = tmp_path / "set"
+    assert main(["instances", "sample", "--protocol", "autoshard", "--tables", "30", "--count", "2",
+                 "--tightness", "1.5", "--out", str(out)]) == 0
+    files = sorted(out.glob("autoshard*.json"))
+    assert len(files) == 2
+    assert main(["instances", "validate", str(out), str(files[0])]) == 0
+    assert main(["instances", "show", str(files[0])]) == 0
+    assert "30 tables" in capsys.readouterr().out
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(files[0]), "--solver", "lpt", "--oracle", "lookup", "-o", str(plan)]) == 0
+    written = json.loads(plan.read_text())
+    instance = load_instance(files[0])
+    assert written["status"] == "feasible" and len(written["assignment"]) == 30
+    assert max(written["memory_per_device"]) <= instance.topology.memory_bytes
+
+
+def test_cli_errors_exit_nonzero_without_output(tmp_path, capsys):
+    instance = make_instance([(1000, 16, 1.0)], 2, 100)
+    save_instance(instance, tmp_path / "inf.json")
+    plan = tmp_path / "plan.json"
+    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "-o", str(plan)]) != 0
+    assert "infeasible" in capsys.readouterr().out and not plan.exists()
+    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "nope", "-o", str(plan)]) == 2
+    assert "unknown solver" in capsys.readouterr().err and not plan.exists()
+    assert main(["solve", str(tmp_path / "missing.json"), "--solver", "lpt", "-o", str(plan)]) == 2
+    assert "cannot read" in capsys.readouterr().err and not plan.exists()
+    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "--oracle", "zzz", "-o", str(plan)]) == 2
+    assert "unknown oracle" in capsys.readouterr().err
+    (tmp_path / "bad.json").write_text(json.dumps({"schema_version": 1, "id": "x", "tables": [],
+                                                   "topology": {"nodes": 1, "devices_per_node": 1, "memory_bytes": 1}}))
+    assert main(["instances", "validate", str(tmp_path / "bad.json")]) == 2
+    assert "tables: must hold at least one table" in capsys.readouterr().err
+    assert main(["instances", "sample", "--tables", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "num_tables" in capsys.readouterr().err and not (tmp_path / "s").exists()
+
+
+def test_cli_import_raw_then_sample_from_that_pool(tmp_path):
+    import torch
+    lengths = torch.tensor([[1, 2], [3, 0]])
+    indices = torch.tensor([5, 6, 6, 1, 2, 3])
+    offsets = torch.tensor([0, 1, 3, 6, 6])
+    torch.save((indices, offsets, lengths), tmp_path / "raw.pt")
+    assert main(["instances", "import-raw", str(tmp_path / "raw.pt"), "--out", str(tmp_path / "pool.json")]) == 0
+    pool = json.loads((tmp_path / "pool.json").read_text())
+    assert pool[0]["pooling_factor"] == 1.5 and pool[0]["bin_0"] == 0.5 and pool[0]["bin_1"] == 0.5
+    assert main(["instances", "sample", "--tables", "2", "--devices", "1", "--count", "1", "--pool",
+                 str(tmp_path / "pool.json"), "--out", str(tmp_path / "set")]) == 0
+
+
+def test_cli_bench_writes_leaderboard_and_plot(tmp_path, small_set, capsys):
+    suite = _write_suite(tmp_path, ["lpt", "size-greedy"])
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- leaderboard:t -->\nold\n<!-- /leaderboard:t -->\nend\n")
+    assert main(["bench", str(suite), "--readme", str(readme)]) == 0
+    out = tmp_path / "out"
+    assert (out / "t.md").exists() and (out / "t.png").stat().st_size > 1000
+    text = readme.read_text()
+    assert "old" not in text and "| lpt | 2/2 |" in text and text.endswith("end\n")

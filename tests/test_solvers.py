@@ -1,0 +1,115 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from costmodels import get_oracle
+from solvers import (Budget, SolverOracleMismatch, Status, UnknownSolverError, additive_lower_bounds,
+                     best_additive_lower_bound, get_solver, run_solver, solver_names)
+from solvers.base import memory_infeasibility
+
+from conftest import brute_force_optimum, make_instance, small_instances
+from test_costmodels import SquareRootOracle
+
+PLACEMENT = [n for n in solver_names() if "placement" in get_solver(n).kinds]
+HEURISTIC = [n for n in PLACEMENT if not get_solver(n).exact]
+BUDGET = Budget(2.0)
+
+
+def _solve(name, instance, oracle, seed=0):
+    return run_solver(name, instance, oracle, BUDGET, seed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_instances(), st.sampled_from(["size", "dim", "lookup", "size-lookup"]))
+def test_every_solver_returns_a_valid_plan_or_a_justified_failure(instance, oracle_name):
+    oracle = get_oracle(oracle_name)
+    proof = memory_infeasibility(instance)
+    for name in PLACEMENT:
+        result = _solve(name, instance, oracle)
+        if result.has_plan:
+            assert result.status in (Status.FEASIBLE, Status.OPTIMAL)
+            memory = np.bincount(result.assignment, weights=instance.table_memory(), minlength=instance.num_devices)
+            assert memory.max() <= instance.topology.memory_bytes
+            assert len(result.assignment) == instance.num_tables
+            assert result.objective == pytest.approx(oracle.plan_cost(instance, result.assignment))
+        else:
+            assert result.status in (Status.INFEASIBLE, Status.NO_PLAN)
+            assert result.reason
+            if result.status == Status.INFEASIBLE:
+                assert proof is not None
+            else:
+                assert "fits on no device" in result.reason or "time" in result.reason
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_instances(max_tables=8, max_devices=3), st.sampled_from(["size", "lookup", "size-lookup"]))
+def test_bound_le_brute_force_optimum_le_every_heuristic(instance, oracle_name):
+    oracle = get_oracle(oracle_name)
+    costs = oracle.table_costs(instance)
+    optimum = brute_force_optimum(instance, costs)
+    bound = best_additive_lower_bound(costs, instance.num_devices)
+    if optimum is None:
+        for name in PLACEMENT:
+            assert not _solve(name, instance, oracle).has_plan
+        return
+    assert bound <= optimum * (1 + 1e-9)
+    for name in HEURISTIC:
+        result = _solve(name, instance, oracle)
+        if result.has_plan:
+            assert optimum <= result.objective * (1 + 1e-9)
+
+
+def test_infeasible_instances_are_reported_infeasible_by_every_solver():
+    too_big = make_instance([(1000, 16, 1.0), (10, 16, 1.0)], 2, 1000 * 16 * 2 - 1)
+    too_much = make_instance([(100, 16, 1.0)] * 5, 2, 2 * 100 * 16 * 2)
+    for instance, needle in ((too_big, "table t0"), (too_much, "in all")):
+        for name in PLACEMENT:
+            result = _solve(name, instance, get_oracle("lookup"))
+            assert result.status == Status.INFEASIBLE and needle in result.reason and not result.has_plan
+
+
+def test_greedy_dead_end_is_not_called_infeasible():
+    # 3 tables of 6 units on 2 devices of 10: total 18 <= 20 and each fits, but no two share a device.
+    instance = make_instance([(6, 1, 1.0)] * 3, 2, 20)  # 12 bytes each in fp16
+    result = _solve("lpt", instance, get_oracle("lookup"))
+    assert result.status == Status.NO_PLAN and "t2" in result.reason and "not a proof" in result.reason
+
+
+@pytest.mark.parametrize("name", [n for n in PLACEMENT if get_solver(n).stochastic])
+def test_seeded_solvers_are_deterministic(name):
+    instance = make_instance([(100 + i, 8, 1.0 + i) for i in range(30)], 4, 10**7)
+    oracle = get_oracle("lookup")
+    first = _solve(name, instance, oracle, seed=7)
+    assert first.assignment == _solve(name, instance, oracle, seed=7).assignment
+    assert any(_solve(name, instance, oracle, seed=s).assignment != first.assignment for s in range(1, 6))
+
+
+def test_lookup_greedy_is_lpt_on_a_textbook_case():
+    # The classic LPT trap, costs 8·(3,3,2,2,2) on 2 devices: LPT ends at 8·7, the optimum is 8·6.
+    instance = make_instance([(10, 8, p) for p in (3, 3, 2, 2, 2)], 2, 10**6)
+    result = _solve("lookup-greedy", instance, get_oracle("lookup"))
+    assert result.objective == pytest.approx(8 * 7)
+    assert best_additive_lower_bound(get_oracle("lookup").table_costs(instance), 2) == pytest.approx(8 * 6)
+
+
+def test_pigeonhole_bound_beats_the_average_when_it_should():
+    bounds = additive_lower_bounds(np.array([5.0, 5.0, 5.0]), 2)
+    assert bounds["average"] == 7.5 and bounds["pigeonhole"] == 10.0
+    bounds = additive_lower_bounds(np.array([4.0, 4.0, 4.0, 4.0, 4.0]), 2)  # m = 2: three of five on one device
+    assert bounds["pigeonhole"] == 12.0
+
+
+def test_registry_errors_are_clear():
+    with pytest.raises(UnknownSolverError, match="available"):
+        get_solver("simplex-magic")
+    instance = make_instance([(10, 8, 1.0)], 1, 10**6)
+    with pytest.raises(SolverOracleMismatch, match="additive"):
+        run_solver("lpt", instance, SquareRootOracle(), BUDGET, 0)
+
+
+def test_heuristic_greedy_works_under_a_non_additive_oracle():
+    instance = make_instance([(10, 8, p) for p in (1, 2, 3, 4)], 2, 10**6)
+    result = run_solver("lookup-greedy", instance, SquareRootOracle(), BUDGET, 0)
+    assert result.status == Status.FEASIBLE
+    assert result.objective == pytest.approx(SquareRootOracle().plan_cost(instance, result.assignment))
