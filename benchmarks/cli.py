@@ -9,13 +9,29 @@ from pathlib import Path
 import numpy as np
 
 from costmodels import UnknownOracleError, get_oracle, oracle_names
-from instances import InstanceError, Plan, PlanError, load_instance, load_instances, save_instance_set, save_plan
+from instances import (
+    InstanceError,
+    Plan,
+    PlanError,
+    load_instance,
+    load_instances,
+    save_instance_set,
+    save_plan,
+)
 from instances.dlrm_loader import load_raw_tables
 from instances.io import write_json_atomic
 from instances.model import DTYPE_BYTES, OPTIMIZERS, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
-from solvers import (Budget, SolverOracleMismatch, Status, UnknownSolverError, additive_lower_bounds, get_solver,
-                     run_solver, solver_names)
+from solvers import (
+    Budget,
+    SolverOracleMismatch,
+    UnknownSolverError,
+    additive_lower_bounds,
+    get_solver,
+    run_solver,
+    solver_names,
+)
+from solvers.bounds import lp_relaxation_bound
 
 EXIT_ERROR, EXIT_NO_PLAN = 2, 3
 
@@ -38,8 +54,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
 
 
 def load_raw_pool(path: str):
-    from instances.pool import pool_entry_from_record
     from instances.io import read_json
+    from instances.pool import pool_entry_from_record
 
     records = read_json(path)
     if not isinstance(records, list) or not records:
@@ -97,7 +113,11 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if result.reason:
         print(f"  {result.reason}")
     if oracle.additive:
-        bounds = additive_lower_bounds(oracle.table_costs(instance), instance.num_devices)
+        costs = oracle.table_costs(instance)
+        bounds = additive_lower_bounds(costs, instance.num_devices)
+        lp = lp_relaxation_bound(costs, instance.table_memory(), instance.topology.memory_bytes, instance.num_devices)
+        if lp is not None:
+            bounds["lp"] = lp
         if result.lower_bound is not None:
             bounds["solver"] = result.lower_bound
         best = max(bounds.values())
@@ -107,7 +127,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
     print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance {min(costs) / max(costs):.3f}")
     if oracle.additive and best > 0:
-        print(f"  gap to best lower bound: {100 * (result.objective / best - 1):.3f} %")
+        print(f"  gap to best lower bound: {100 * (result.objective / best - 1):.4f} %")
     if args.output:
         plan = Plan(instance.id, result.assignment)
         save_plan(plan, instance, args.output, extra={

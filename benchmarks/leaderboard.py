@@ -42,7 +42,7 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def leaderboard_rows(records: list[dict]) -> list[Row]:
-    randoms, bounds = random_objectives(records), best_bounds(records)
+    randoms, (bounds, _) = random_objectives(records), best_bounds(records)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
         groups[(r["oracle"], r["time_limit"], r["solver"])].append(r)
@@ -85,15 +85,19 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
         instances = len({rec["instance"] for rec in records if rec["oracle"] == oracle and rec["time_limit"] == limit})
         lines += [f"oracle `{oracle}`, time limit {limit:g} s, {instances} instances. Means ± std over cells "
                   "with a plan; every other cell is counted in its column.", "",
-                  "| solver | plans | optimal | infeasible | no plan | errors | balance | speedup over random "
-                  "| gap to bound | ≤0.1 % gap | time (s) mean ± std | time median |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| solver | plans | optimal | infeasible | no plan | errors | max device cost | balance "
+                  "| speedup over random | gap to bound | ≤0.1 % gap | time (s) mean ± std | time median |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in part:
             lines.append(
                 f"| {r.solver} | {r.with_plan}/{r.cells} | {r.optimal} | {r.infeasible} | {r.no_plan} | {r.errors} "
-                f"| {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 2, ' %')} "
+                f"| {_fmt(r.objective, digits=1)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
                 f"| {r.within_0_1pct}/{r.gap_cells} | {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
         lines.append("")
+    conflicts = best_bounds(records)[1]
+    if conflicts:
+        lines += ["**Bound conflicts** (left out of the gaps above; each is a solver defect):", ""]
+        lines += [f"- {c}" for c in conflicts] + [""]
     return "\n".join(lines)
 
 

@@ -12,7 +12,13 @@ from multiprocessing.connection import wait
 from typing import Callable, Iterable
 
 import numpy as np
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from costmodels import get_oracle
 from instances import Instance, load_instances
@@ -171,12 +177,27 @@ def random_objectives(records: list[dict]) -> dict[tuple, list[float]]:
     return out
 
 
-def best_bounds(records: list[dict]) -> dict[tuple, float]:
-    """Per (instance, oracle): the best of the computed bound and every bound a solver proved."""
+BOUND_CONFLICT_TOLERANCE = 1e-9
+
+
+def best_bounds(records: list[dict]) -> tuple[dict[tuple, float], list[str]]:
+    """Per (instance, oracle): the best of the computed bound and every bound a solver proved. A claimed
+    bound above some valid plan's objective is a solver defect: it is left out and reported."""
+    cheapest: dict[tuple, float] = {}
+    for r in records:
+        if r.get("objective") is not None:
+            key = (r["instance"], r["oracle"])
+            cheapest[key] = min(cheapest.get(key, np.inf), r["objective"])
     out: dict[tuple, float] = {}
+    conflicts = []
     for r in records:
         key = (r["instance"], r["oracle"])
         for value in (r.get("instance_bound"), r.get("lower_bound")):
-            if value is not None and np.isfinite(value):
-                out[key] = max(out.get(key, 0.0), float(value))
-    return out
+            if value is None or not np.isfinite(value):
+                continue
+            if value > cheapest.get(key, np.inf) * (1 + BOUND_CONFLICT_TOLERANCE):
+                conflicts.append(f"{r['solver']} ({r['time_limit']:g} s) claims bound {value:.9g} on {r['instance']}, "
+                                 f"above a plan of cost {cheapest[key]:.9g}")
+                continue
+            out[key] = max(out.get(key, 0.0), float(value))
+    return out, conflicts

@@ -116,6 +116,18 @@ class DeviceState(ABC):
     def costs_if_added(self, table: int, devices: np.ndarray) -> np.ndarray:
         return np.array([self.cost_if_added(table, int(d)) for d in devices])
 
+    @abstractmethod
+    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
+        """Cost of `device` after taking `out_table` off it and putting `in_table` on it (either may be None)."""
+
+    def costs_if_swapped(self, table: int, device: int, others: np.ndarray, other_devices: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        """For each (u, e) in zip(others, other_devices): the costs of `device` and of e after `table`
+        and u trade places."""
+        here = np.array([self.cost_if_exchanged(device, table, int(u)) for u in others])
+        there = np.array([self.cost_if_exchanged(int(e), int(u), table) for u, e in zip(others, other_devices)])
+        return here, there
+
 
 class AdditiveDeviceState(DeviceState):
     def __init__(self, table_costs: np.ndarray, num_devices: int):
@@ -143,6 +155,16 @@ class AdditiveDeviceState(DeviceState):
 
     def costs_if_added(self, table: int, devices: np.ndarray) -> np.ndarray:
         return self.loads[devices] + self.table_costs[table]
+
+    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
+        out_cost = 0.0 if out_table is None else self.table_costs[out_table]
+        in_cost = 0.0 if in_table is None else self.table_costs[in_table]
+        return float(self.loads[device] - out_cost + in_cost)
+
+    def costs_if_swapped(self, table: int, device: int, others: np.ndarray, other_devices: np.ndarray
+                         ) -> tuple[np.ndarray, np.ndarray]:
+        delta = self.table_costs[others] - self.table_costs[table]
+        return self.loads[device] + delta, self.loads[other_devices] - delta
 
 
 class RecomputingDeviceState(DeviceState):
@@ -172,4 +194,8 @@ class RecomputingDeviceState(DeviceState):
         return self._costs[device]
 
     def cost_if_added(self, table: int, device: int) -> float:
-        return self.oracle.device_cost(self.instance, sorted(self.tables[device] | {table})).total
+        return self.cost_if_exchanged(device, None, table)
+
+    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
+        tables = (self.tables[device] - {out_table}) | ({in_table} if in_table is not None else set())
+        return self.oracle.device_cost(self.instance, sorted(tables)).total

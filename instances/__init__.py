@@ -1,8 +1,28 @@
 """Instances: the shared problem format (tables, topology, workload, plans), the embedded DLRM table
 pool, the papers' task samplers and the raw-dataset loader."""
-from .io import load_instance, load_instance_set, load_instances, load_plan, save_instance, save_instance_set, save_plan
-from .model import (BucketSpec, Instance, InstanceError, Plan, PlanError, RowDistribution, Table, Topology,
-                    Workload, instance_from_dict, instance_to_dict, table_memory_bytes)
+from .io import (
+                    load_instance,
+                    load_instance_set,
+                    load_instances,
+                    load_plan,
+                    save_instance,
+                    save_instance_set,
+                    save_plan,
+)
+from .model import (
+                    BucketSpec,
+                    Instance,
+                    InstanceError,
+                    Plan,
+                    PlanError,
+                    RowDistribution,
+                    Table,
+                    Topology,
+                    Workload,
+                    instance_from_dict,
+                    instance_to_dict,
+                    table_memory_bytes,
+)
 
 __all__ = [
     "BucketSpec", "Instance", "InstanceError", "Plan", "PlanError", "RowDistribution", "Table", "Topology",

@@ -7,7 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .model import DTYPE_BYTES, Instance, InstanceError, Topology, Workload, table_memory_bytes
+from .model import (
+    DTYPE_BYTES,
+    Instance,
+    InstanceError,
+    Topology,
+    Workload,
+    table_memory_bytes,
+)
 from .pool import PoolTable, dlrm_pool
 
 PROTOCOLS = ("autoshard", "dreamshard", "unseen")

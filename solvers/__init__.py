@@ -1,8 +1,17 @@
 """Solvers: a registry of named placement methods with their metadata (solvers.base); importing this
 package registers them all."""
-from . import baselines, greedy  # noqa: F401  (registration happens on import)
-from .base import (Budget, SolveResult, SolverInfo, SolverOracleMismatch, Status, UnknownSolverError, get_solver,
-                   run_solver, solver_names)
+from . import baselines, exact, greedy, search  # noqa: F401  (registration happens on import)
+from .base import (
+                   Budget,
+                   SolveResult,
+                   SolverInfo,
+                   SolverOracleMismatch,
+                   Status,
+                   UnknownSolverError,
+                   get_solver,
+                   run_solver,
+                   solver_names,
+)
 from .bounds import additive_lower_bounds, best_additive_lower_bound
 
 __all__ = [

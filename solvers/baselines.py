@@ -7,7 +7,16 @@ import numpy as np
 from costmodels import Oracle
 from instances import Instance
 
-from .base import Budget, MemoryTracker, SolveResult, Status, infeasible, memory_infeasibility, register, stuck
+from .base import (
+    Budget,
+    MemoryTracker,
+    SolveResult,
+    Status,
+    infeasible,
+    memory_infeasibility,
+    register,
+    stuck,
+)
 
 
 def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResult:

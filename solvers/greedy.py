@@ -8,8 +8,17 @@ from costmodels import HEURISTIC_COSTS, DeviceState, Oracle, heuristic_costs
 from costmodels.base import AdditiveDeviceState
 from instances import Instance
 
-from .base import (Budget, MemoryTracker, SolveResult, Status, infeasible, memory_infeasibility, order_by_cost,
-                   register, stuck)
+from .base import (
+    Budget,
+    MemoryTracker,
+    SolveResult,
+    Status,
+    infeasible,
+    memory_infeasibility,
+    order_by_cost,
+    register,
+    stuck,
+)
 
 
 def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> SolveResult:
@@ -48,3 +57,32 @@ for _kind, (_, _meaning) in HEURISTIC_COSTS.items():
 @register("lpt", "greedy (LPT) on the given oracle's per-table costs", needs_additive=True)
 def lpt(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
     return greedy_by_costs(instance, oracle.table_costs(instance))
+
+
+@register("oracle-greedy", "greedy placing each table where the oracle's device cost after adding it is lowest "
+          "(AutoShard's greedy with the cost model); works on non-additive oracles")
+def oracle_greedy(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+    return greedy_assign(instance, order_by_cost(oracle.single_table_costs(instance)), oracle.new_state(instance))
+
+
+def greedy_starts(instance: Instance, oracle: Oracle) -> list[SolveResult]:
+    """The skeleton under three orders: by oracle cost (LPT), by memory (first-fit-decreasing style, which
+    survives tight memory where LPT gets stuck), and by the sum of both shares. Each balances the oracle."""
+    cost = oracle.single_table_costs(instance)
+    memory = np.array(instance.table_memory(), dtype=float)
+    share = cost / max(cost.sum(), 1e-300) + memory / max(memory.sum(), 1e-300)
+    return [greedy_assign(instance, order_by_cost(key), oracle.new_state(instance)) for key in (cost, memory, share)]
+
+
+def best_greedy(instance: Instance, oracle: Oracle) -> SolveResult:
+    """The best plan among the greedy starts, or the first failure when none finds one."""
+    starts = greedy_starts(instance, oracle)
+    planned = [r for r in starts if r.assignment is not None]
+    if not planned:
+        return starts[0]
+    return min(planned, key=lambda r: oracle.plan_cost(instance, r.assignment))
+
+
+@register("best-greedy", "best of the greedy skeleton under cost, memory and combined orders (memory-robust)")
+def best_greedy_solver(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+    return best_greedy(instance, oracle)

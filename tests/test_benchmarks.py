@@ -2,8 +2,8 @@ import json
 import os
 import time
 
-import numpy as np
 import pytest
+from conftest import make_instance
 
 from benchmarks.cli import main
 from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
@@ -14,8 +14,6 @@ from benchmarks.suite import SuiteError, load_suite
 from instances import load_instance, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from solvers.base import _REGISTRY, SolveResult, Status, register
-
-from conftest import make_instance
 
 
 # Misbehaving solvers: the runner must turn each into one error row and go on.
@@ -86,7 +84,7 @@ def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, mo
     rows = {row.solver: row for row in leaderboard_rows(records)}
     assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
     markdown = leaderboard_markdown(records, "t")
-    assert "| test-hangs | 0/2 | 0 | 0 | 0 | 2 |" in markdown
+    assert "| test-hangs | 0/2 | 0 | 0 | 0 | 2 | n/a |" in markdown
 
 
 def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
@@ -142,7 +140,7 @@ def test_cli_sample_validate_show_solve(tmp_path, capsys):
     assert main(["solve", str(files[0]), "--solver", "lpt", "--oracle", "lookup", "-o", str(plan)]) == 0
     written = json.loads(plan.read_text())
     instance = load_instance(files[0])
-    assert written["status"] == "feasible" and len(written["assignment"]) == 30
+    assert written["status"] in ("feasible", "optimal") and len(written["assignment"]) == 30
     assert max(written["memory_per_device"]) <= instance.topology.memory_bytes
 
 
@@ -188,3 +186,15 @@ def test_cli_bench_writes_leaderboard_and_plot(tmp_path, small_set, capsys):
     assert (out / "t.md").exists() and (out / "t.png").stat().st_size > 1000
     text = readme.read_text()
     assert "old" not in text and "| lpt | 2/2 |" in text and text.endswith("end\n")
+
+
+def test_a_bound_above_a_valid_plan_is_reported_not_used():
+    base = {"oracle": "lookup", "time_limit": 1.0, "seed": 0, "instance": "i", "status": "feasible",
+            "solve_time": 0.1, "balance": 1.0, "instance_bound": 90.0}
+    records = [{**base, "solver": "random", "objective": 200.0, "lower_bound": None},
+               {**base, "solver": "good", "objective": 100.0, "lower_bound": 95.0},
+               {**base, "solver": "liar", "objective": 104.0, "lower_bound": 103.0}]
+    rows = {row.solver: row for row in leaderboard_rows(records)}
+    assert rows["good"].gap[0] == pytest.approx(100 / 95 - 1)
+    markdown = leaderboard_markdown(records, "t")
+    assert "liar (1 s) claims bound 103" in markdown

@@ -2,13 +2,12 @@ import math
 
 import numpy as np
 import pytest
+from conftest import make_instance, small_instances
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from costmodels import UnknownOracleError, get_oracle, heuristic_costs, oracle_names
 from costmodels.base import DeviceCost, Oracle, RecomputingDeviceState
-
-from conftest import make_instance, small_instances
 
 
 def test_heuristic_costs_follow_their_definitions():

@@ -5,17 +5,26 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import make_instance, small_instances
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instances import (Instance, InstanceError, Plan, PlanError, instance_from_dict, instance_to_dict, load_instance,
-                       load_instance_set, save_instance, save_instance_set, table_memory_bytes)
+from instances import (
+    InstanceError,
+    Plan,
+    PlanError,
+    instance_from_dict,
+    instance_to_dict,
+    load_instance,
+    load_instance_set,
+    save_instance,
+    save_instance_set,
+    table_memory_bytes,
+)
 from instances.dlrm_loader import load_raw_tables, reuse_bins
 from instances.model import BucketSpec, RowDistribution
 from instances.pool import dlrm_pool
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
-
-from conftest import make_instance, small_instances
 
 
 def test_pool_matches_published_statistics():
