@@ -33,6 +33,8 @@ from solvers import (
 )
 from solvers.bounds import lp_relaxation_bound
 
+from .rows_cli import add_commands as add_row_commands
+
 EXIT_ERROR, EXIT_NO_PLAN = 2, 3
 
 
@@ -223,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
     bench.set_defaults(func=_cmd_bench)
 
+    add_row_commands(sub)
     sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
     sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)
     return parser

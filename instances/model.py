@@ -369,3 +369,53 @@ def plan_from_dict(data: Any) -> Plan:
         _require(key in data, key, "missing")
     _require(isinstance(data["assignment"], list), "assignment", "must be a list of device indices")
     return Plan(instance_id=data["instance_id"], assignment=tuple(data["assignment"]))
+
+
+@dataclass(frozen=True)
+class TieringPlan:
+    """Row tiering: per table, rows in descending access probability, the first `dp_rows[i]` replicated
+    (DP), the next `flex_rows[i]` Flex-sharded, the rest row-wise (RW)."""
+
+    instance_id: str
+    tables: tuple[str, ...]
+    dp_rows: tuple[int, ...]
+    flex_rows: tuple[int, ...]
+    kind: str = "row_tiering"
+
+    def validate(self, instance: Instance, memory_per_gpu: float | None = None) -> "TieringPlan":
+        if self.instance_id != instance.id:
+            raise PlanError(f"plan is for instance {self.instance_id!r}, not {instance.id!r}")
+        by_name = {t.name: t for t in instance.tables}
+        if not len(self.tables) == len(self.dp_rows) == len(self.flex_rows):
+            raise PlanError("tables, dp_rows and flex_rows must have one entry per table")
+        for name, dp, flex in zip(self.tables, self.dp_rows, self.flex_rows):
+            if name not in by_name:
+                raise PlanError(f"table {name!r} is not in instance {instance.id!r}")
+            if not (0 <= dp and 0 <= flex and dp + flex <= by_name[name].rows):
+                raise PlanError(f"table {name}: dp_rows {dp} + flex_rows {flex} must be within 0..{by_name[name].rows}")
+        if memory_per_gpu is not None and memory_per_gpu > instance.topology.memory_bytes:
+            raise PlanError(f"predicted memory {memory_per_gpu:.0f} B per GPU exceeds the capacity "
+                            f"{instance.topology.memory_bytes} B")
+        return self
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """Bucket ranges: trainer `trainer_of_range[j]` owns buckets boundaries[j]..boundaries[j+1]-1."""
+
+    instance_id: str
+    table: str
+    boundaries: tuple[int, ...]
+    trainer_of_range: tuple[int, ...]
+    kind: str = "buckets"
+
+    def validate(self, instance: Instance) -> "BucketPlan":
+        table = next((t for t in instance.tables if t.name == self.table), None)
+        if table is None or table.buckets is None:
+            raise PlanError(f"table {self.table!r} of {instance.id!r} has no bucket spec")
+        b = self.boundaries
+        if len(b) < 2 or b[0] != 0 or b[-1] != table.buckets.count or any(x > y for x, y in zip(b, b[1:])):
+            raise PlanError(f"boundaries must rise from 0 to {table.buckets.count}")
+        if len(self.trainer_of_range) != len(b) - 1 or len(set(self.trainer_of_range)) != len(b) - 1:
+            raise PlanError("each range needs its own trainer")
+        return self
