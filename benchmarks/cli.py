@@ -158,6 +158,40 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_measure(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from costmodels.dataset import collect
+    from costmodels.measured import Protocol
+
+    protocol = Protocol(batch=args.batch, seed=args.seed, max_rows=args.max_rows)
+    with Progress() as bar:
+        task = bar.add_task("measuring", total=args.combos)
+        written = collect(Path(args.out), args.combos, args.max_tables, args.batch, args.seed, protocol,
+                          progress=lambda n: bar.update(task, completed=n))
+    print(f"measured {written} new combinations into {args.out}")
+    return 0
+
+
+def _cmd_train_costmodel(args: argparse.Namespace) -> int:
+    from rich.progress import Progress
+
+    from costmodels.dataset import load_dataset
+    from costmodels.neural import train
+
+    records = load_dataset(args.dataset)
+    with Progress() as bar:
+        task = bar.add_task(f"training {args.model}", total=args.epochs)
+        model, metrics = train(records, args.model, epochs=args.epochs, seed=args.seed,
+                               progress=lambda e: bar.update(task, completed=e))
+    model.save(Path(args.out))
+    for split, m in metrics.items():
+        print(f"{split}: MAE {m['mae_s'] * 1e3:.3f} ms, MAPE {m['mape']:.2%}, R² {m['r2']:.4f}, "
+              f"Kendall τ {m['kendall_tau']:.4f} ({m['count']} combinations)")
+    print(f"weights and normalisation written to {args.out}")
+    return 0
+
+
 def _cmd_solvers(args: argparse.Namespace) -> int:
     print(f"{'name':<22} {'exact':<6} {'additive':<9} {'stochastic':<11} kinds        description")
     for name in solver_names():
@@ -168,10 +202,14 @@ def _cmd_solvers(args: argparse.Namespace) -> int:
 
 
 def _cmd_oracles(args: argparse.Namespace) -> int:
-    print(f"{'name':<14} {'additive':<9} {'unit':<13} description")
+    print(f"{'name':<18} {'additive':<9} {'unit':<13} description")
     for name in oracle_names():
-        oracle = get_oracle(name)
-        print(f"{name:<14} {'yes' if oracle.additive else 'no':<9} {oracle.unit:<13} {oracle.description}")
+        try:
+            oracle = get_oracle(name)
+        except (FileNotFoundError, ImportError, RuntimeError) as exc:
+            print(f"{name:<18} {'-':<9} {'-':<13} unavailable here: {exc}")
+            continue
+        print(f"{name:<18} {'yes' if oracle.additive else 'no':<9} {oracle.unit:<13} {oracle.description}")
     return 0
 
 
@@ -225,6 +263,23 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
     bench.set_defaults(func=_cmd_bench)
 
+    measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)")
+    measure.add_argument("--combos", type=int, default=2000)
+    measure.add_argument("--max-tables", type=int, default=15)
+    measure.add_argument("--batch", type=int, default=4096)
+    measure.add_argument("--seed", type=int, default=0)
+    measure.add_argument("--max-rows", type=int, default=1 << 18, help="CPU: rows allocated per table at most")
+    measure.add_argument("--out", required=True, help="JSON-lines dataset (appended to; a rerun resumes)")
+    measure.set_defaults(func=_cmd_measure)
+    train = sub.add_parser("train", help="train a learned component").add_subparsers(dest="train_command",
+                                                                                     required=True)
+    costmodel = train.add_parser("costmodel", help="train a neural cost oracle on a measured dataset")
+    costmodel.add_argument("--dataset", required=True)
+    costmodel.add_argument("--model", choices=("autoshard", "dreamshard"), default="autoshard")
+    costmodel.add_argument("--epochs", type=int, default=300)
+    costmodel.add_argument("--seed", type=int, default=0)
+    costmodel.add_argument("--out", required=True)
+    costmodel.set_defaults(func=_cmd_train_costmodel)
     add_row_commands(sub)
     sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
     sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)
@@ -238,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, SuiteError,
-            FileExistsError) as exc:
+            FileExistsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 

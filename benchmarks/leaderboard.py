@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from .metrics import gap_to_bound, speedup_over_random
-from .runner import best_bounds, random_objectives
+from .runner import best_bounds, judge_of, random_objectives
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
     randoms, (bounds, _) = random_objectives(records), best_bounds(records)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        groups[(r["oracle"], r["time_limit"], r["solver"])].append(r)
+        label = r["solver"] if judge_of(r) == r["oracle"] else f"{r['solver']} ← {r['oracle']}"
+        groups[(judge_of(r), r["time_limit"], label)].append(r)
     rows = []
     for (oracle, limit, solver), group in groups.items():
         planned = [r for r in group if r.get("objective") is not None]
@@ -82,9 +83,11 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
     lines = [f"#### {title}", ""]
     for (oracle, limit) in dict.fromkeys((r.oracle, r.time_limit) for r in rows):
         part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
-        instances = len({rec["instance"] for rec in records if rec["oracle"] == oracle and rec["time_limit"] == limit})
-        lines += [f"oracle `{oracle}`, time limit {limit:g} s, {instances} instances. Means ± std over cells "
-                  "with a plan; every other cell is counted in its column.", "",
+        instances = len({rec["instance"] for rec in records if judge_of(rec) == oracle and rec["time_limit"] == limit})
+        guided = any(judge_of(rec) != rec["oracle"] for rec in records if judge_of(rec) == oracle)
+        lines += [f"{'judged by' if guided else 'oracle'} `{oracle}`, time limit {limit:g} s, {instances} instances"
+                  + (" (`solver ← oracle`: the oracle that guided the solver)" if guided else "")
+                  + ". Means ± std over cells with a plan; every other cell is counted in its column.", "",
                   "| solver | plans | optimal | infeasible | no plan | errors | max device cost | balance "
                   "| speedup over random | gap to bound | ≤0.1 % gap | time (s) mean ± std | time median |",
                   "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]

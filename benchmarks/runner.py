@@ -31,19 +31,23 @@ from .suite import Suite
 
 @dataclass(frozen=True)
 class Cell:
+    """`oracle` guides the solver; `judge` prices the plan it returns (the same oracle unless the suite
+    names a judge)."""
+
     instance: Instance
     solver: str
     oracle: str
     time_limit: float
     seed: int
+    judge: str
 
     @property
     def key(self) -> tuple:
-        return (self.instance.id, self.solver, self.oracle, self.time_limit, self.seed)
+        return (self.instance.id, self.solver, self.oracle, self.time_limit, self.seed, self.judge)
 
     def record_base(self) -> dict:
         return {"instance": self.instance.id, "solver": self.solver, "oracle": self.oracle,
-                "time_limit": self.time_limit, "seed": self.seed}
+                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge}
 
 
 def kill_deadline(time_limit: float) -> float:
@@ -53,36 +57,47 @@ def kill_deadline(time_limit: float) -> float:
 
 def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
     """Deterministic solvers run once (seed 0) per setting; random runs with the suite's random seeds,
-    always, because speedups are measured against it; other stochastic solvers with the suite's seeds."""
-    solvers = list(dict.fromkeys(("random", *suite.solvers)))
+    always, because speedups are measured against it; other stochastic solvers with the suite's seeds.
+    Random ignores its oracle, so under a separate judge it runs once, guided by the judge itself."""
     cells = []
     for instance in instances:
-        for oracle in suite.oracles:
-            for time_limit in suite.time_limits:
+        for time_limit in suite.time_limits:
+            guides = suite.oracles if suite.judge is None else tuple(dict.fromkeys((suite.judge, *suite.oracles)))
+            for oracle in guides:
+                judge = suite.judge or oracle
+                solvers = [s for s in suite.solvers if s != "random"]
+                if suite.judge is None or oracle == suite.judge:
+                    solvers = ["random", *solvers]
+                if suite.judge is not None and oracle == suite.judge and oracle not in suite.oracles:
+                    solvers = ["random"]
                 for solver in solvers:
                     info = get_solver(solver)
+                    if info.needs_additive and not get_oracle(oracle).additive:
+                        continue
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s) for s in seeds)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, judge) for s in seeds)
     return cells
 
 
 def execute_cell(cell: Cell) -> dict:
     oracle = get_oracle(cell.oracle)
+    judge = oracle if cell.judge == cell.oracle else get_oracle(cell.judge)
     instance = cell.instance
     start = time.perf_counter()
     result = run_solver(cell.solver, instance, oracle, Budget(cell.time_limit), cell.seed)
     elapsed = time.perf_counter() - start
+    # A bound proved under the guiding oracle says nothing about the judge's costs.
     record = {**cell.record_base(), "status": result.status.value, "reason": result.reason,
-              "solve_time": elapsed, "lower_bound": result.lower_bound, "stats": dict(result.stats),
-              "num_tables": instance.num_tables, "num_devices": instance.num_devices,
-              "instance_bound": (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
-                                 if oracle.additive else None)}
+              "solve_time": elapsed, "lower_bound": result.lower_bound if judge is oracle else None,
+              "stats": dict(result.stats), "num_tables": instance.num_tables, "num_devices": instance.num_devices,
+              "instance_bound": (best_additive_lower_bound(judge.table_costs(instance), instance.num_devices)
+                                 if judge.additive else None)}
     if result.assignment is not None:
-        costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
+        costs = [c.total for c in judge.device_costs(instance, result.assignment)]
         memory = [0] * instance.num_devices
         for need, device in zip(instance.table_memory(), result.assignment):
             memory[device] += need
-        record.update(objective=result.objective, device_costs=costs, balance=degree_of_balance(costs),
+        record.update(objective=max(costs), device_costs=costs, balance=degree_of_balance(costs),
                       memory_per_device=memory, peak_memory=max(memory),
                       memory_capacity=instance.topology.memory_bytes, assignment=list(result.assignment))
     return record
@@ -173,11 +188,16 @@ def random_objectives(records: list[dict]) -> dict[tuple, list[float]]:
     out: dict[tuple, list[float]] = {}
     for r in records:
         if r["solver"] == "random" and r.get("objective") is not None:
-            out.setdefault((r["instance"], r["oracle"]), []).append(r["objective"])
+            out.setdefault((r["instance"], judge_of(r)), []).append(r["objective"])
     return out
 
 
 BOUND_CONFLICT_TOLERANCE = 1e-9
+
+
+def judge_of(record: dict) -> str:
+    """The oracle that priced a record's plan (records without one were judged by their own oracle)."""
+    return record.get("judge") or record["oracle"]
 
 
 def best_bounds(records: list[dict]) -> tuple[dict[tuple, float], list[str]]:
@@ -186,12 +206,12 @@ def best_bounds(records: list[dict]) -> tuple[dict[tuple, float], list[str]]:
     cheapest: dict[tuple, float] = {}
     for r in records:
         if r.get("objective") is not None:
-            key = (r["instance"], r["oracle"])
+            key = (r["instance"], judge_of(r))
             cheapest[key] = min(cheapest.get(key, np.inf), r["objective"])
     out: dict[tuple, float] = {}
     conflicts = []
     for r in records:
-        key = (r["instance"], r["oracle"])
+        key = (r["instance"], judge_of(r))
         for value in (r.get("instance_bound"), r.get("lower_bound")):
             if value is None or not np.isfinite(value):
                 continue

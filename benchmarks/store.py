@@ -10,7 +10,7 @@ KEY_FIELDS = ("instance", "solver", "oracle", "time_limit", "seed")
 
 
 def cell_key(record: dict) -> tuple:
-    return tuple(record[k] for k in KEY_FIELDS)
+    return (*(record[k] for k in KEY_FIELDS), record.get("judge") or record["oracle"])
 
 
 def read_records(path: Path) -> list[dict]:

@@ -28,6 +28,7 @@ class Suite:
     results: Path
     workers: int
     description: str = ""
+    judge: str | None = None
 
     @property
     def leaderboard_path(self) -> Path:
@@ -39,7 +40,7 @@ class Suite:
 
 
 _KNOWN = {"name", "description", "instances", "solvers", "oracles", "time_limits", "seeds", "random_seeds",
-          "results", "workers"}
+          "results", "workers", "judge"}
 
 
 def _list(data: dict, key: str, kind: type, path: Path, default=None) -> tuple:
@@ -69,7 +70,10 @@ def load_suite(path: str | Path) -> Suite:
     oracles = _list(data, "oracles", str, path)
     for name in solvers:
         get_solver(name)
-    for name in oracles:
+    judge = data.get("judge")
+    if judge is not None and not isinstance(judge, str):
+        raise SuiteError(f"{path}: judge: must be an oracle name")
+    for name in (*oracles, *([judge] if judge else [])):
         get_oracle(name)
     time_limits = tuple(float(t) for t in _list(data, "time_limits", (int, float), path, [10.0]))
     if any(t <= 0 for t in time_limits):
@@ -86,4 +90,5 @@ def load_suite(path: str | Path) -> Suite:
         time_limits=time_limits, seeds=_list(data, "seeds", int, path, [0]),
         random_seeds=_list(data, "random_seeds", int, path, list(range(10))),
         results=(base / data["results"]).resolve(), workers=workers, description=data.get("description", ""),
+        judge=judge,
     )

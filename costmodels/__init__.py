@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from .analytic import AnalyticOracle
 from .base import AdditiveOracle, DeviceCost, DeviceState, NotAdditiveError, Oracle
 from .heuristic import HEURISTIC_COSTS, HeuristicOracle, heuristic_costs
 
@@ -16,6 +17,28 @@ class UnknownOracleError(KeyError):
 _FACTORIES: dict[str, Callable[[], Oracle]] = {
     name: (lambda n=name: HeuristicOracle(n)) for name in HEURISTIC_COSTS
 }
+_FACTORIES["analytic"] = AnalyticOracle
+
+
+def _measured() -> Oracle:
+    from .measured import (
+        MeasuredOracle,  # torch and fbgemm load only when this oracle is asked for
+    )
+    return MeasuredOracle()
+
+
+_FACTORIES["measured"] = _measured
+
+
+def _neural(name: str) -> Callable[[], Oracle]:
+    def load() -> Oracle:
+        from .neural import load_shipped
+        return load_shipped(name)
+    return load
+
+
+for _name in ("neural-autoshard", "neural-dreamshard"):
+    _FACTORIES[_name] = _neural(_name)
 
 
 def register_oracle(name: str, factory: Callable[[], Oracle]) -> None:
@@ -33,6 +56,6 @@ def get_oracle(name: str) -> Oracle:
 
 
 __all__ = [
-    "AdditiveOracle", "DeviceCost", "DeviceState", "HEURISTIC_COSTS", "HeuristicOracle", "NotAdditiveError",
+    "AdditiveOracle", "AnalyticOracle", "DeviceCost", "DeviceState", "HEURISTIC_COSTS", "HeuristicOracle", "NotAdditiveError",
     "Oracle", "UnknownOracleError", "get_oracle", "heuristic_costs", "oracle_names", "register_oracle",
 ]

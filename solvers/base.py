@@ -99,6 +99,9 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     info = get_solver(name)
     if info.needs_additive and not oracle.additive:
         raise SolverOracleMismatch(f"solver {name!r} needs an additive oracle; {oracle.name!r} is not additive")
+    proof = memory_infeasibility(instance) if "placement" in info.kinds else None
+    if proof:
+        return infeasible(proof)
     result = info.solve(instance, oracle, budget, seed)
     if result.assignment is None:
         return result

@@ -12,8 +12,6 @@ from .base import (
     MemoryTracker,
     SolveResult,
     Status,
-    infeasible,
-    memory_infeasibility,
     register,
     stuck,
 )
@@ -35,17 +33,11 @@ def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResu
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
 def random_placement(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     return random_assignment(instance, np.random.default_rng(seed))
 
 
 @register("round-robin", "table i to the next device in cyclic order that has room")
 def round_robin(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     tracker = MemoryTracker(instance)
     k = instance.num_devices
     assignment, cursor = [], 0

@@ -22,7 +22,6 @@ from .base import (
     SolveResult,
     Status,
     infeasible,
-    memory_infeasibility,
     order_by_cost,
     register,
 )
@@ -95,9 +94,6 @@ def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallba
 def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
 
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     started = time.monotonic()
     start = exact_start(instance, oracle, budget, seed)
     costs = oracle.table_costs(instance)
@@ -189,9 +185,6 @@ _CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
 def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend: str) -> SolveResult:
     import pulp
 
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     started = time.monotonic()
     start = exact_start(instance, oracle, budget, seed)
     costs = oracle.table_costs(instance)

@@ -13,8 +13,6 @@ from .base import (
     MemoryTracker,
     SolveResult,
     Status,
-    infeasible,
-    memory_infeasibility,
     order_by_cost,
     register,
     stuck,
@@ -22,9 +20,6 @@ from .base import (
 
 
 def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> SolveResult:
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     tracker = MemoryTracker(instance)
     assignment = np.full(instance.num_tables, -1, dtype=np.int64)
     for table in order:

@@ -15,8 +15,6 @@ from .base import (
     MemoryTracker,
     SolveResult,
     Status,
-    infeasible,
-    memory_infeasibility,
     register,
 )
 from .baselines import random_assignment
@@ -151,9 +149,6 @@ def local_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int) 
 
 @register("random-search", "best of up to 1000 random memory-feasible plans (AutoShard §5.3)", stochastic=True)
 def random_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    proof = memory_infeasibility(instance)
-    if proof:
-        return infeasible(proof)
     deadline = budget.deadline()
     rng = np.random.default_rng(seed)
     best, best_value, samples, dead_ends = None, np.inf, 0, 0

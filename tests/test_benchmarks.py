@@ -198,3 +198,23 @@ def test_a_bound_above_a_valid_plan_is_reported_not_used():
     assert rows["good"].gap[0] == pytest.approx(100 / 95 - 1)
     markdown = leaderboard_markdown(records, "t")
     assert "liar (1 s) claims bound 103" in markdown
+
+
+def test_a_judge_prices_plans_that_other_oracles_guided(tmp_path, small_set):
+    suite_path = _write_suite(tmp_path, ["lpt", "oracle-greedy"])
+    suite_path.write_text(suite_path.read_text().replace('oracles = ["lookup"]', 'oracles = ["lookup", "dim"]\njudge = "size"'))
+    suite = load_suite(suite_path)
+    records = run_suite(suite, quiet=True)
+    from costmodels import get_oracle
+    from instances import load_instance_set
+    instances = {i.id: i for i in load_instance_set(tmp_path / "set")[1]}
+    size = get_oracle("size")
+    assert {r["judge"] for r in records} == {"size"}
+    assert {r["oracle"] for r in records if r["solver"] == "random"} == {"size"}
+    for r in records:
+        assert r["objective"] == pytest.approx(size.plan_cost(instances[r["instance"]], r["assignment"]))
+        if r["oracle"] != "size":
+            assert r["lower_bound"] is None
+    rows = {row.solver for row in leaderboard_rows(records)}
+    assert {"lpt ← lookup", "lpt ← dim", "oracle-greedy ← dim", "random"} <= rows
+    assert "judged by `size`" in leaderboard_markdown(records, "t")

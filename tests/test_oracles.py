@@ -1,0 +1,197 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_instance
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import costmodels.measured as measured_module
+from benchmarks.cli import main
+from costmodels.analytic import AnalyticOracle
+from costmodels.dataset import combinations, table_features
+from costmodels.measured import (
+    MeasuredOracle,
+    MeasurementCache,
+    Protocol,
+    measure,
+    synthesize_indices,
+)
+from costmodels.neural import CostNet, NeuralOracle, TrainedModel, train
+from instances import Instance, Topology, Workload
+from instances.dlrm_loader import reuse_bins
+from instances.pool import dlrm_pool
+
+TINY = Protocol(warmups=1, runs=5, trim=1, batch=64, max_rows=1000)
+
+
+def _pool_instance(indices, dims, devices=2, nodes=1):
+    pool = dlrm_pool()
+    tables = tuple(pool[i].as_table(d, 2) for i, d in zip(indices, dims))
+    return Instance("p", tables, Topology(nodes, devices, 1 << 40), Workload(batch_size=512))
+
+
+# ---------------------------------------------------------------- analytic
+
+
+def test_analytic_grows_with_dims_and_pooling_and_is_additive():
+    oracle = AnalyticOracle()
+    base = make_instance([(1000, 16, 4.0)], 4, 1 << 30)
+    wider = make_instance([(1000, 32, 4.0)], 4, 1 << 30)
+    busier = make_instance([(1000, 16, 8.0)], 4, 1 << 30)
+    c = lambda i: oracle.device_cost(i, [0])
+    assert c(wider).forward_compute > c(base).forward_compute and c(wider).forward_comm > c(base).forward_comm
+    assert c(busier).forward_compute > c(base).forward_compute and c(busier).backward_compute > c(base).backward_compute
+    instance = make_instance([(100, 8, 1.0), (200, 16, 3.0), (50, 32, 0.5)], 2, 1 << 30)
+    both = oracle.device_cost(instance, [0, 1, 2])
+    assert both.total == pytest.approx(sum(oracle.table_costs(instance)))
+    assert both.backward_compute == pytest.approx(2 * both.forward_compute)
+
+
+def test_analytic_communication_depends_on_the_sum_of_dims_on_a_device():
+    oracle = AnalyticOracle()
+    instance = make_instance([(10, 16, 1.0), (10**6, 16, 50.0), (500, 32, 3.0)], 4, 1 << 40)
+    two_small = oracle.device_cost(instance, [0, 1])
+    one_wide = oracle.device_cost(instance, [2])
+    assert two_small.forward_comm == pytest.approx(one_wide.forward_comm)
+    assert two_small.forward_compute != pytest.approx(one_wide.forward_compute)
+    single = make_instance([(10, 16, 1.0)], 1, 1 << 40)
+    assert oracle.device_cost(single, [0]).forward_comm == 0.0
+    flat = Instance("flat", instance.tables, Topology(1, 8, 1 << 40), instance.workload)
+    racks = Instance("racks", instance.tables, Topology(2, 4, 1 << 40), instance.workload)
+    assert oracle.device_cost(racks, [2]).forward_comm > oracle.device_cost(flat, [2]).forward_comm
+
+
+# ---------------------------------------------------------------- measured
+
+
+def test_synthetic_inputs_reproduce_pooling_and_reuse_bins():
+    pool = dlrm_pool()
+    table = pool[0].as_table(16, 2)
+    rng = np.random.default_rng(0)
+    indices, lengths = synthesize_indices(table, 65536, table.rows, rng)
+    assert lengths.sum() == round(65536 * table.pooling_factor) == indices.size
+    got = np.array(reuse_bins(np.unique(indices, return_counts=True)[1]))
+    assert 0.5 * np.abs(got - np.array(table.reuse_bins)).sum() < 0.15  # total variation distance
+    assert indices.min() >= 0 and indices.max() < table.rows
+
+
+def test_measured_oracle_runs_a_real_fbgemm_forward_and_backward_on_cpu(tmp_path):
+    instance = _pool_instance([0, 5, 9], [16, 32, 16])
+    oracle = MeasuredOracle(TINY, MeasurementCache(tmp_path))
+    cost = oracle.device_cost(instance, [0, 1])
+    assert cost.forward_compute > 0 and cost.backward_compute > 0 and cost.forward_comm > 0
+    record = json.loads(next(tmp_path.glob("*.json")).read_text())
+    assert len(record["forward_runs"]) == 5 and record["device"].startswith("cpu:")
+    assert "analytic" in record["communication"]
+    assert oracle.device_cost(instance, []).total == 0.0
+
+
+def test_cached_measurements_are_reused_only_for_identical_sets_and_versions(tmp_path, monkeypatch):
+    calls = []
+    real = measured_module.measure
+
+    def counting(tables, batch, protocol):
+        calls.append(len(tables))
+        return real(tables, batch, protocol)
+
+    monkeypatch.setattr(measured_module, "measure", counting)
+    cache = MeasurementCache(tmp_path)
+    pool = dlrm_pool()
+    a, b, c = pool[1].as_table(16, 2), pool[2].as_table(32, 2), pool[3].as_table(16, 2)
+    first = cache.get_or_measure([a, b], 64, TINY)
+    assert cache.get_or_measure([b, a], 64, TINY) == first  # same set, other order: reused
+    assert len(calls) == 1
+    cache.get_or_measure([a, c], 64, TINY)
+    cache.get_or_measure([a, b], 128, TINY)
+    assert len(calls) == 3
+    device, versions = measured_module.environment()
+    monkeypatch.setattr(measured_module, "environment", lambda: (device, {**versions, "fbgemm_gpu": "0.0-other"}))
+    cache.get_or_measure([a, b], 64, TINY)
+    assert len(calls) == 4
+
+
+def test_measure_reports_spread_and_trimmed_means():
+    pool = dlrm_pool()
+    result = measure([pool[4].as_table(16, 2)], 64, TINY)
+    ordered = sorted(result.forward_runs)
+    assert result.forward_s == pytest.approx(np.mean(ordered[1:-1]))
+    assert result.spread >= 0
+
+
+# ---------------------------------------------------------------- neural
+
+
+def _records(count=60, seed=0):
+    """A synthetic dataset with a known sub-additive cost, in the measured dataset's format."""
+    out = []
+    pool = dlrm_pool()
+    for combo in combinations(count, 6, seed, unseen_share=0.3):
+        tables = [pool[i].as_table(d, 2) for i, d in zip(combo["pool_indices"], combo["dims"])]
+        work = np.array([t.dim * (t.pooling_factor + 0.1) for t in tables])
+        total = 1e-4 * work.sum() ** 0.8 + 1e-4
+        out.append({**combo, "features": [table_features(t) for t in tables], "batch": 2048, "total_s": total,
+                    "forward_s": total / 3, "backward_s": 2 * total / 3, "device": "synthetic"})
+    return out
+
+
+@pytest.mark.parametrize("kind", ["autoshard", "dreamshard"])
+def test_neural_cost_is_invariant_to_table_order_and_survives_save_load(kind, tmp_path):
+    torch.manual_seed(0)
+    model = TrainedModel(CostNet(kind), np.zeros(21), np.ones(21), {"device": "x", "batch": 1})
+    oracle = NeuralOracle(model, f"neural-{kind}")
+    instance = _pool_instance([0, 1, 2, 3, 4], [16, 32, 16, 32, 16])
+    assert oracle.device_cost(instance, [0, 3, 4]).total == pytest.approx(oracle.device_cost(instance, [4, 0, 3]).total)
+    model.save(tmp_path / "m.pt")
+    loaded = NeuralOracle(TrainedModel.load(tmp_path / "m.pt"), "again")
+    for tables in ([0], [1, 2], [0, 1, 2, 3, 4]):
+        assert loaded.device_cost(instance, tables).total == oracle.device_cost(instance, tables).total
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.lists(st.integers(0, 2), min_size=5, max_size=5), st.sampled_from(["autoshard", "dreamshard"]))
+def test_neural_device_state_adds_and_subtracts_embeddings(assignment, kind):
+    torch.manual_seed(1)
+    oracle = NeuralOracle(TrainedModel(CostNet(kind), np.zeros(21), np.ones(21), {}), "n")
+    instance = _pool_instance([10, 11, 12, 13, 14], [16, 16, 32, 32, 16], devices=3)
+    state = oracle.new_state(instance)
+    for t, d in enumerate(assignment):
+        state.add(t, d)
+    expected = [c.total for c in oracle.device_costs(instance, assignment)]
+    assert state.costs() == pytest.approx(expected, rel=1e-5)
+    state.remove(0, assignment[0])
+    rest = [t for t in range(1, 5) if assignment[t] == assignment[0]]
+    assert state.cost(assignment[0]) == pytest.approx(oracle.device_cost(instance, rest).total, rel=1e-5)
+
+
+def test_training_learns_a_known_cost_and_reports_unseen_table_metrics():
+    records = _records(400)
+    model, metrics = train(records, "autoshard", epochs=300, seed=0)
+    test = metrics["test_unseen_tables"]
+    assert set(test) == {"mae_s", "mape", "r2", "kendall_tau", "count"}
+    assert test["count"] == sum(r["split"] == "test" for r in records)
+    untrained = TrainedModel(CostNet("autoshard"), model.mean, model.std, {})
+    from costmodels.neural import accuracy, predict_total
+    test_set = [r for r in records if r["split"] == "test"]
+    actual = np.array([r["total_s"] for r in test_set])
+    before = accuracy(predict_total(untrained, test_set), actual)
+    assert test["mae_s"] < 0.5 * before["mae_s"] and test["kendall_tau"] > 0.6
+    again, _ = train(records, "autoshard", epochs=300, seed=0)
+    assert all(torch.equal(a, b) for a, b in zip(model.net.state_dict().values(), again.net.state_dict().values()))
+
+
+def test_cli_measure_and_train(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SHARDBENCH_CACHE", str(tmp_path / "cache"))
+    data = tmp_path / "costs.jsonl"
+    assert main(["measure", "--combos", "2", "--max-tables", "2", "--batch", "64", "--max-rows", "1000",
+                 "--out", str(data)]) == 0
+    lines = [json.loads(x) for x in data.read_text().splitlines()]
+    assert len(lines) == 2 and all(len(r["single_total_s"]) == len(r["dims"]) for r in lines)
+    synthetic = tmp_path / "synthetic.jsonl"
+    synthetic.write_text("\n".join(json.dumps(r) for r in _records(80)) + "\n")
+    out = tmp_path / "model.pt"
+    assert main(["train", "costmodel", "--dataset", str(synthetic), "--model", "dreamshard", "--epochs", "5",
+                 "--out", str(out)]) == 0
+    assert "test_unseen_tables" in capsys.readouterr().out and out.exists()
+    assert TrainedModel.load(out).net.kind == "dreamshard"
