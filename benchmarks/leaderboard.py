@@ -71,11 +71,12 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
     return rows
 
 
-def _fmt(pair: tuple[float, float], scale: float = 1.0, digits: int = 3, suffix: str = "") -> str:
+def _fmt(pair: tuple[float, float], scale: float = 1.0, digits: int = 3, suffix: str = "", general: bool = False) -> str:
     mean, std = pair
     if np.isnan(mean):
         return "n/a"
-    return f"{mean * scale:.{digits}f} ± {std * scale:.{digits}f}{suffix}"
+    kind = "g" if general else "f"
+    return f"{mean * scale:.{digits}{kind}} ± {std * scale:.{digits}{kind}}{suffix}"
 
 
 def leaderboard_markdown(records: list[dict], title: str) -> str:
@@ -94,7 +95,7 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
         for r in part:
             lines.append(
                 f"| {r.solver} | {r.with_plan}/{r.cells} | {r.optimal} | {r.infeasible} | {r.no_plan} | {r.errors} "
-                f"| {_fmt(r.objective, digits=1)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
+                f"| {_fmt(r.objective, digits=4, general=True)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
                 f"| {r.within_0_1pct}/{r.gap_cells} | {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
         lines.append("")
     conflicts = best_bounds(records)[1]

@@ -4,6 +4,7 @@ Finished cells are appended to the results store at once; cells already there ar
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 import time
 import traceback
 from collections import deque
@@ -104,6 +105,10 @@ def execute_cell(cell: Cell) -> dict:
 
 
 def _child(connection, cell: Cell) -> None:
+    if "torch" in sys.modules:
+        # Cells are the parallel unit: a torch thread pool per cell on top would oversubscribe the cores,
+        # and OpenMP's spinning threads then slow every small network call by two orders of magnitude.
+        sys.modules["torch"].set_num_threads(1)
     try:
         connection.send(("ok", execute_cell(cell)))
     except BaseException as exc:  # the parent turns anything a solver raises into an error row
