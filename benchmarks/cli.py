@@ -192,6 +192,39 @@ def _cmd_train_costmodel(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train_policy(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from costmodels import get_oracle
+    from costmodels.neural import TrainedModel, shipped_model_path
+    from solvers.rl import plot_training, save_policy, shipped_policy_path, train_policy
+
+    from .suite import load_suite
+
+    suite = load_suite(args.suite)
+    tasks = load_instances(suite.instances)
+    cost_model = Path(args.cost_model) if args.cost_model else shipped_model_path(f"neural-{args.algo}")
+    model = TrainedModel.load(cost_model)
+    real = get_oracle(args.real_oracle) if args.algo == "dreamshard" and args.real_oracle != "none" else None
+    out = Path(args.out) if args.out else shipped_policy_path(args.algo)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(f"training {args.algo}", total=args.time_budget)
+        policy, log = train_policy(args.algo, tasks, model, args.time_budget, args.seed, real_oracle=real,
+                                   progress=lambda lg: bar.update(task, completed=min(lg.seconds[-1], args.time_budget),
+                                                                  description=f"{args.algo}: reward {lg.mean_reward[-1]:.3f}"))
+    curve = Path(args.curve) if args.curve else out.with_suffix(".png")
+    plot_training(log, curve, f"{args.algo} on {suite.name}")
+    save_policy(policy, args.algo, model, out, {"suite": suite.name, "tasks": len(tasks), "seed": args.seed,
+                                                "time_budget": args.time_budget, "episodes": log.episodes[-1],
+                                                "training_seconds": log.seconds[-1],
+                                                "real_rollouts": log.real_rollouts})
+    first, last = np.mean(log.mean_reward[:10]), np.mean(log.mean_reward[-10:])
+    print(f"{log.episodes[-1]} episodes in {log.seconds[-1]:.0f} s; mean reward {first:.4f} (first 10 updates) -> "
+          f"{last:.4f} (last 10); {log.real_rollouts} real-oracle rollouts")
+    print(f"policy written to {out}; training curve {curve}")
+    return 0
+
+
 def _cmd_solvers(args: argparse.Namespace) -> int:
     print(f"{'name':<22} {'exact':<6} {'additive':<9} {'stochastic':<11} kinds        description")
     for name in solver_names():
@@ -280,6 +313,16 @@ def build_parser() -> argparse.ArgumentParser:
     costmodel.add_argument("--seed", type=int, default=0)
     costmodel.add_argument("--out", required=True)
     costmodel.set_defaults(func=_cmd_train_costmodel)
+    policy = train.add_parser("policy", help="train an AutoShard or DreamShard sharding policy")
+    policy.add_argument("--algo", choices=("autoshard", "dreamshard"), required=True)
+    policy.add_argument("--suite", required=True, help="a suite whose instance set holds the training tasks")
+    policy.add_argument("--time-budget", type=float, default=600.0, help="seconds of training")
+    policy.add_argument("--seed", type=int, default=0)
+    policy.add_argument("--cost-model", help="cost network weights (default: the shipped neural-<algo>)")
+    policy.add_argument("--real-oracle", default="measured", help="DreamShard's periodic real rollouts ('none' to skip)")
+    policy.add_argument("--out", help="default: the shipped policy file")
+    policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
+    policy.set_defaults(func=_cmd_train_policy)
     add_row_commands(sub)
     sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
     sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)

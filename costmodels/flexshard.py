@@ -12,7 +12,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from instances import Instance
-from instances.model import DTYPE_BYTES
 
 STRATEGIES = ("RW", "CW", "DP", "Flex")
 METRICS = ("memory", "communication")
@@ -131,7 +130,3 @@ def marginal_lines(params: FlexParams, dtype_bytes: int) -> dict[str, tuple[floa
             a_rw, b_rw = per_row_line("RW", metric, 1, dtype_bytes, params)
             out[f"{strategy}:{metric}"] = (a - a_rw, b - b_rw)
     return out
-
-
-def dtype_bytes_of(instance: Instance) -> int:
-    return DTYPE_BYTES[instance.workload.dtype]

@@ -6,7 +6,6 @@ order of a device's tables, and their device state adds and subtracts table embe
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -34,7 +33,8 @@ def transform(features: np.ndarray) -> np.ndarray:
     return out
 
 
-def _mlp(sizes: Sequence[int]) -> nn.Sequential:
+def mlp(sizes: Sequence[int]) -> nn.Sequential:
+    """Linear layers with ReLU between them (none after the last)."""
     layers: list[nn.Module] = []
     for a, b in zip(sizes, sizes[1:]):
         layers += [nn.Linear(a, b), nn.ReLU()]
@@ -48,11 +48,11 @@ class CostNet(nn.Module):
     def __init__(self, kind: str):
         super().__init__()
         self.kind = kind
-        self.table = nn.Sequential(_mlp([21, 128, 32]), nn.ReLU())
+        self.table = nn.Sequential(mlp([21, 128, 32]), nn.ReLU())
         heads = 1 if kind == "autoshard" else 3
-        self.heads = nn.ModuleList(_mlp([32, 64, 1]) for _ in range(heads))
+        self.heads = nn.ModuleList(mlp([32, 64, 1]) for _ in range(heads))
         if kind == "dreamshard":
-            self.overall = _mlp([32 + 3, 64, 1])
+            self.overall = mlp([32 + 3, 64, 1])
 
     def embed(self, features: torch.Tensor) -> torch.Tensor:
         return self.table(features)
@@ -320,7 +320,3 @@ def load_shipped(name: str) -> NeuralOracle:
         raise FileNotFoundError(f"{path}: no trained weights shipped for {name}; train them with "
                                 f"`shardbench train costmodel`")
     return NeuralOracle(TrainedModel.load(path), name)
-
-
-def is_finite_positive(x: float) -> bool:
-    return math.isfinite(x) and x > 0
