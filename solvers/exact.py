@@ -79,7 +79,10 @@ def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallba
                            stats=stats)
     best = min(candidates, key=lambda a: oracle.plan_cost(instance, a))
     objective = oracle.plan_cost(instance, best)
-    bound = min(bound, objective)
+    if bound <= objective * (1 + OPTIMALITY_TOLERANCE):
+        # Only rounding can put a valid bound a hair above the plan; anything more is left for run_solver
+        # to reject, so that a wrong bound is never turned into an "optimal".
+        bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     status = Status.OPTIMAL if gap <= OPTIMALITY_TOLERANCE else Status.FEASIBLE
     return SolveResult(status, assignment=tuple(int(d) for d in best), lower_bound=bound,
