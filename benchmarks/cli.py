@@ -19,7 +19,7 @@ from instances import (
     save_plan,
 )
 from instances.dlrm_loader import load_raw_tables
-from instances.io import write_json_atomic
+from instances.io import write_json_atomic, write_text_atomic
 from instances.model import DTYPE_BYTES, OPTIMIZERS, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
@@ -149,7 +149,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     records = run_suite(suite, fresh=args.fresh, workers=args.workers)
     title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
     markdown = leaderboard_markdown(records, title)
-    suite.leaderboard_path.write_text(markdown + "\n")
+    write_text_atomic(suite.leaderboard_path, markdown + "\n")
     leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
     print(markdown)
     print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
@@ -222,6 +222,24 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     print(f"{log.episodes[-1]} episodes in {log.seconds[-1]:.0f} s; mean reward {first:.4f} (first 10 updates) -> "
           f"{last:.4f} (last 10); {log.real_rollouts} real-oracle rollouts")
     print(f"policy written to {out}; training curve {curve}")
+    return 0
+
+
+def _cmd_summarize(args: argparse.Namespace) -> int:
+    from .leaderboard import sweep_table
+    from .store import read_records
+    from .suite import load_suite
+
+    named = []
+    for path in args.suites:
+        suite = load_suite(path)
+        if not suite.results.exists():
+            raise FileNotFoundError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+        named.append((suite.name, read_records(suite.results)))
+    table = sweep_table(named, args.metric)
+    print(table)
+    if args.output:
+        write_text_atomic(args.output, f"{args.title}\n\n{table}\n" if args.title else table + "\n")
     return 0
 
 
@@ -323,6 +341,12 @@ def build_parser() -> argparse.ArgumentParser:
     policy.add_argument("--out", help="default: the shipped policy file")
     policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
     policy.set_defaults(func=_cmd_train_policy)
+    summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)")
+    summarize.add_argument("suites", nargs="+")
+    summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup")
+    summarize.add_argument("--title", default="")
+    summarize.add_argument("-o", "--output")
+    summarize.set_defaults(func=_cmd_summarize)
     add_row_commands(sub)
     sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
     sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)

@@ -145,3 +145,25 @@ def update_readme_block(readme: Path, block_name: str, content: str) -> bool:
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{start}\n{content}\n{end}{tail}")
     return True
+
+
+def sweep_table(named_records: list[tuple[str, list[dict]]], metric: str = "speedup") -> str:
+    """One row per suite, one column per solver (`solver ← oracle` when judged separately): the mean of
+    `metric` ('speedup', 'balance' or 'gap'), with cells that produced no plan counted beside it."""
+    tables = [(name, {row.solver: row for row in leaderboard_rows(records)}) for name, records in named_records]
+    solvers = list(dict.fromkeys(solver for _, rows in tables for solver in rows))
+    lines = ["| suite | " + " | ".join(solvers) + " |", "|---|" + "---|" * len(solvers)]
+    for name, rows in tables:
+        cells = []
+        for solver in solvers:
+            row = rows.get(solver)
+            if row is None:
+                cells.append("—")
+                continue
+            mean = getattr(row, metric)[0]
+            failed = row.cells - row.with_plan
+            value = "n/a" if np.isnan(mean) else (f"{mean:.3f}×" if metric == "speedup" else
+                                                  f"{100 * mean:.2f} %" if metric == "gap" else f"{mean:.3f}")
+            cells.append(value + (f" ({failed} without plan)" if failed else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -34,18 +34,21 @@ def read_json(path: str | Path) -> Any:
         raise InstanceError(str(path), f"not valid JSON ({exc.msg} at line {exc.lineno})") from exc
 
 
-def write_json_atomic(path: str | Path, data: Any) -> None:
+def write_text_atomic(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
-            json.dump(data, handle, indent=1)
-            handle.write("\n")
+            handle.write(text)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def load_instance(path: str | Path) -> Instance:

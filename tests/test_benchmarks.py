@@ -218,3 +218,16 @@ def test_a_judge_prices_plans_that_other_oracles_guided(tmp_path, small_set):
     rows = {row.solver for row in leaderboard_rows(records)}
     assert {"lpt ← lookup", "lpt ← dim", "oracle-greedy ← dim", "random"} <= rows
     assert "judged by `size`" in leaderboard_markdown(records, "t")
+
+
+def test_cli_summarize_tabulates_a_sweep(tmp_path, small_set, capsys):
+    suite = _write_suite(tmp_path, ["lpt", "size-greedy"])
+    assert main(["summarize", str(suite)]) == 2  # no results yet: a clear error, nothing written
+    assert "no results yet" in capsys.readouterr().err
+    assert main(["bench", str(suite)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "sweep.md"
+    assert main(["summarize", str(suite), str(suite), "--metric", "gap", "--title", "### sweep", "-o", str(out)]) == 0
+    lines = out.read_text().splitlines()
+    assert lines[0] == "### sweep" and lines[2] == "| suite | lpt | size-greedy | random |"
+    assert len(lines) == 6 and all(line.startswith("| t | ") and line.count(" % ") == 3 for line in lines[4:])
