@@ -22,7 +22,7 @@ from rich.progress import (
 )
 
 from costmodels import get_oracle
-from instances import Instance, load_instances
+from instances import Instance, Plan, load_instances
 from solvers import Budget, best_additive_lower_bound, get_solver, run_solver
 
 from .metrics import degree_of_balance
@@ -60,23 +60,23 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
     """Deterministic solvers run once (seed 0) per setting; random runs with the suite's random seeds,
     always, because speedups are measured against it; other stochastic solvers with the suite's seeds.
     Random ignores its oracle, so under a separate judge it runs once, guided by the judge itself."""
+    guides = suite.oracles if suite.judge is None else tuple(dict.fromkeys((suite.judge, *suite.oracles)))
+    additive = {name: get_oracle(name).additive for name in guides}  # a neural oracle loads weights: once
+    others = [s for s in suite.solvers if s != "random"]
     cells = []
     for instance in instances:
         for time_limit in suite.time_limits:
-            guides = suite.oracles if suite.judge is None else tuple(dict.fromkeys((suite.judge, *suite.oracles)))
             for oracle in guides:
-                judge = suite.judge or oracle
-                solvers = [s for s in suite.solvers if s != "random"]
                 if suite.judge is None or oracle == suite.judge:
-                    solvers = ["random", *solvers]
-                if suite.judge is not None and oracle == suite.judge and oracle not in suite.oracles:
-                    solvers = ["random"]
+                    solvers = ["random", *others] if oracle in suite.oracles else ["random"]
+                else:
+                    solvers = others
                 for solver in solvers:
                     info = get_solver(solver)
-                    if info.needs_additive and not get_oracle(oracle).additive:
+                    if info.needs_additive and not additive[oracle]:
                         continue
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s, judge) for s in seeds)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle) for s in seeds)
     return cells
 
 
@@ -95,9 +95,7 @@ def execute_cell(cell: Cell) -> dict:
                                  if judge.additive else None)}
     if result.assignment is not None:
         costs = [c.total for c in judge.device_costs(instance, result.assignment)]
-        memory = [0] * instance.num_devices
-        for need, device in zip(instance.table_memory(), result.assignment):
-            memory[device] += need
+        memory = list(Plan(instance.id, result.assignment).memory_per_device(instance))
         record.update(objective=max(costs), device_costs=costs, balance=degree_of_balance(costs),
                       memory_per_device=memory, peak_memory=max(memory),
                       memory_capacity=instance.topology.memory_bytes, assignment=list(result.assignment))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from costmodels import Oracle
-from instances import Instance
+from instances import Instance, Plan
 
 from .base import (
     Budget,
@@ -124,7 +124,7 @@ def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers
     makespan = model.NewIntVar(lower, upper, "makespan")
     loads = []
     for d in range(k):
-        members = [t for t in range(n) if (t, d) in x]
+        members = [int(t) for t in start.order[d:]]  # exactly the tables allowed on d
         load = model.NewIntVar(0, upper, f"load{d}")
         model.Add(load == sum(int(scaled[t]) * x[t, d] for t in members))
         model.Add(load <= makespan)
@@ -209,7 +209,7 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
     for table in range(n):
         problem += pulp.lpSum(x[table, d] for d in range(k) if (table, d) in x) == 1
     for d in range(k):
-        members = [t for t in range(n) if (t, d) in x]
+        members = [int(t) for t in start.order[d:]]  # exactly the tables allowed on d
         problem += pulp.lpSum(float(c[t]) * x[t, d] for t in members) <= makespan
         if memory.sum() > 1.0:
             problem += pulp.lpSum(float(memory[t]) * x[t, d] for t in members) <= 1.0
@@ -250,17 +250,12 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
     if problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         values = {key: var.varValue or 0.0 for key, var in x.items()}
         found = tuple(max((d for d in range(k) if (t, d) in x), key=lambda d: values[t, d]) for t in range(n))
-        if any(instance_memory_over(instance, found)):
+        if max(Plan(instance.id, found).memory_per_device(instance)) > instance.topology.memory_bytes:
             found = None  # a start rounded off an LP tolerance can overflow memory by a hair: do not report it
     usable = raw_bound is not None and np.isfinite(raw_bound)
     proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0
     stats["solver_bound"] = proven
     return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats)
-
-
-def instance_memory_over(instance: Instance, assignment) -> np.ndarray:
-    used = np.bincount(np.asarray(assignment), weights=instance.table_memory(), minlength=instance.num_devices)
-    return used > instance.topology.memory_bytes
 
 
 @register("milp-cbc", "MILP via PuLP with CBC, MIP start from the best heuristic", exact=True, needs_additive=True)

@@ -10,6 +10,7 @@ Merged order is descending p, ties by table then row, so every result is a deter
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -213,6 +214,12 @@ class FlexShard:
                 flex_end = neutral if neutral.rows > a.rows else a
         return self.report("3-tier", a, flex_end)
 
+    @cached_property
+    def points(self) -> dict[str, int]:
+        """Merged rows replicated at A, B, C and D of Fig. 5."""
+        return {"A": self.point_a().rows, "B": self.dp_within(0.0).rows, "C": self.point_c().rows,
+                "D": self.rows.whole().rows}
+
     def frontier(self) -> tuple[np.ndarray, np.ndarray]:
         """(extra memory, extra communication) per GPU over RW of replicating the top rows, on the grid."""
         columns = [self.rows.column(g) for g in range(self.rows.grid.size)]
@@ -248,6 +255,5 @@ class FlexShard:
             communication_seconds=comm, rw_communication_seconds=rw_comm,
             breakpoints={"dp_memory": b.dp_memory, "dp_comm": b.dp_comm, "flex_comm": b.flex_comm,
                          "flex_memory": b.flex_memory},
-            points={"A": self.point_a().rows, "B": self.dp_within(0.0).rows,
-                    "C": self.point_c().rows, "D": whole.rows},
+            points=self.points,
         )
