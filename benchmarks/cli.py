@@ -19,11 +19,12 @@ from instances import (
     save_plan,
 )
 from instances.dlrm_loader import load_raw_tables
-from instances.io import write_json_atomic, write_text_atomic
+from instances.io import check_output_path, write_json_atomic, write_text_atomic
 from instances.model import DTYPE_BYTES, OPTIMIZERS, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
     Budget,
+    BudgetError,
     SolverOracleMismatch,
     UnknownSolverError,
     additive_lower_bounds,
@@ -31,11 +32,16 @@ from solvers import (
     run_solver,
     solver_names,
 )
-from solvers.bounds import lp_relaxation_bound
 
+from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number
+from .metrics import gap_to_bound
 from .rows_cli import add_commands as add_row_commands
+from .store import StoreError
+from .suite import MAX_WORKERS
 
-EXIT_ERROR, EXIT_NO_PLAN = 2, 3
+EXIT_NO_PLAN = 3
+
+
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -62,13 +68,11 @@ def load_raw_pool(path: str):
     records = read_json(path)
     if not isinstance(records, list) or not records:
         raise InstanceError(str(path), "a pool file must be a non-empty JSON list of table records")
-    try:
-        return tuple(pool_entry_from_record(i, r) for i, r in enumerate(records))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InstanceError(str(path), f"pool record malformed ({exc})") from exc
+    return tuple(pool_entry_from_record(i, r, str(path)) for i, r in enumerate(records))
 
 
 def _cmd_import_raw(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
     tables = load_raw_tables(args.file)
     records = [{"row": t.rows, "pooling_factor": t.pooling_factor,
                 **{f"bin_{b}": share for b, share in enumerate(t.reuse_bins)}} for t in tables]
@@ -84,7 +88,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             instances = load_instances(path)
             print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
         except InstanceError as exc:
-            print(f"invalid: {exc}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr)
             failed += 1
     return EXIT_ERROR if failed else 0
 
@@ -108,6 +112,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
+    if args.output:
+        check_output_path(args.output, "-o")
     instance = load_instance(args.instance)
     oracle = get_oracle(args.oracle)
     result = run_solver(args.solver, instance, oracle, Budget(args.time_limit), args.seed)
@@ -115,27 +121,24 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     if result.reason:
         print(f"  {result.reason}")
     if oracle.additive:
-        costs = oracle.table_costs(instance)
-        bounds = additive_lower_bounds(costs, instance.num_devices)
-        lp = lp_relaxation_bound(costs, instance.table_memory(), instance.topology.memory_bytes, instance.num_devices)
-        if lp is not None:
-            bounds["lp"] = lp
+        bounds = additive_lower_bounds(oracle.table_costs(instance), instance.num_devices)
         if result.lower_bound is not None:
-            bounds["solver"] = result.lower_bound
-        best = max(bounds.values())
+            bounds["best"] = result.lower_bound
         print("  lower bounds: " + ", ".join(f"{k} {v:.6g}" for k, v in bounds.items()))
     if result.assignment is None:
         return EXIT_NO_PLAN
     costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
-    print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance {min(costs) / max(costs):.3f}")
-    if oracle.additive and best > 0:
-        print(f"  gap to best lower bound: {100 * (result.objective / best - 1):.4f} %")
+    gap = gap_to_bound(result.objective, result.lower_bound) if result.lower_bound is not None else None
+    print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance "
+          f"{min(costs) / max(costs) if max(costs) > 0 else 1.0:.3f}")
+    if gap is not None:
+        print(f"  gap to best lower bound: {100 * gap:.4f} %")
     if args.output:
         plan = Plan(instance.id, result.assignment)
         save_plan(plan, instance, args.output, extra={
             "solver": args.solver, "oracle": oracle.name, "status": result.status.value, "seed": args.seed,
-            "objective": result.objective, "lower_bound": result.lower_bound, "device_costs": costs,
-            "memory_per_device": list(plan.memory_per_device(instance))})
+            "time_limit": args.time_limit, "objective": result.objective, "lower_bound": result.lower_bound,
+            "gap": gap, "device_costs": costs, "memory_per_device": list(plan.memory_per_device(instance))})
         print(f"  plan written to {args.output}")
     return 0
 
@@ -159,6 +162,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
     from rich.progress import Progress
 
     from costmodels.dataset import collect
@@ -174,16 +178,22 @@ def _cmd_measure(args: argparse.Namespace) -> int:
 
 
 def _cmd_train_costmodel(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
     from rich.progress import Progress
 
     from costmodels.dataset import load_dataset
     from costmodels.neural import train
 
     records = load_dataset(args.dataset)
+    if not records:
+        raise InstanceError(args.dataset, "the dataset holds no records")
     with Progress() as bar:
         task = bar.add_task(f"training {args.model}", total=args.epochs)
-        model, metrics = train(records, args.model, epochs=args.epochs, seed=args.seed,
-                               progress=lambda e: bar.update(task, completed=e))
+        try:
+            model, metrics = train(records, args.model, epochs=args.epochs, seed=args.seed,
+                                   progress=lambda e: bar.update(task, completed=e))
+        except ValueError as exc:  # a dataset that parses but cannot be learned from (one split empty, ...)
+            raise InstanceError(args.dataset, str(exc)) from exc
     model.save(Path(args.out))
     for split, m in metrics.items():
         print(f"{split}: MAE {m['mae_s'] * 1e3:.3f} ms, MAPE {m['mape']:.2%}, R² {m['r2']:.4f}, "
@@ -234,8 +244,10 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     for path in args.suites:
         suite = load_suite(path)
         if not suite.results.exists():
-            raise FileNotFoundError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
         named.append((suite.name, read_records(suite.results)))
+    if args.output:
+        check_output_path(args.output, "-o")
     table = sweep_table(named, args.metric)
     print(table)
     if args.output:
@@ -265,25 +277,27 @@ def _cmd_oracles(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shardbench", description=__doc__)
+    parser = Parser(prog="shardbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     inst = sub.add_parser("instances", help="sample, import, validate and show instances").add_subparsers(
         dest="instances_command", required=True)
     sample = inst.add_parser("sample", help="sample a protocol's tasks into an instance-set folder")
     sample.add_argument("--protocol", choices=PROTOCOLS, default="autoshard")
-    sample.add_argument("--tables", type=int, required=True)
-    sample.add_argument("--devices", type=int, help="default: tables/10 (AutoShard), 4 (DreamShard)")
+    sample.add_argument("--tables", type=POSITIVE, required=True)
+    sample.add_argument("--devices", type=POSITIVE, help="default: tables/10 (AutoShard), 4 (DreamShard)")
     sample.add_argument("--split", choices=SPLITS, default="test")
-    sample.add_argument("--count", type=int, help="keep only the first COUNT tasks of the split")
-    sample.add_argument("--seed", type=int, default=0)
-    sample.add_argument("--unseen-ratio", type=float, default=1.0, help="share of unseen tables (unseen protocol)")
+    sample.add_argument("--count", type=POSITIVE, help="keep only the first COUNT tasks of the split")
+    sample.add_argument("--seed", type=SEED, default=0)
+    sample.add_argument("--unseen-ratio", type=number(float, 0, 1, what="ratio"), default=1.0,
+                        help="share of unseen tables (unseen protocol)")
     memory = sample.add_mutually_exclusive_group()
-    memory.add_argument("--capacity-bytes", type=int, help="memory per device (default 10 GiB)")
-    memory.add_argument("--tightness", type=float, help="memory per device as a factor of the average load")
+    memory.add_argument("--capacity-bytes", type=POSITIVE, help="memory per device (default 10 GiB)")
+    memory.add_argument("--tightness", type=number(float, 0, 1e6, low_open=True, what="factor"),
+                        help="memory per device as a factor of the average load")
     sample.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16")
     sample.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    sample.add_argument("--batch-size", type=int, default=65536)
+    sample.add_argument("--batch-size", type=POSITIVE, default=65536)
     sample.add_argument("--pool", help="a pool JSON (as written by `instances import-raw`) instead of the embedded one")
     sample.add_argument("--out", required=True, help="new folder for the instance set")
     sample.set_defaults(func=_cmd_sample)
@@ -302,24 +316,24 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("instance")
     solve.add_argument("--solver", required=True)
     solve.add_argument("--oracle", default="lookup")
-    solve.add_argument("--time-limit", type=float, default=10.0)
-    solve.add_argument("--seed", type=int, default=0)
+    solve.add_argument("--time-limit", type=TIME_LIMIT, default=10.0)
+    solve.add_argument("--seed", type=SEED, default=0)
     solve.add_argument("-o", "--output", help="write the validated plan here")
     solve.set_defaults(func=_cmd_solve)
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
     bench.add_argument("suite")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
-    bench.add_argument("--workers", type=int)
+    bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
     bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
     bench.set_defaults(func=_cmd_bench)
 
     measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)")
-    measure.add_argument("--combos", type=int, default=2000)
-    measure.add_argument("--max-tables", type=int, default=15)
-    measure.add_argument("--batch", type=int, default=4096)
-    measure.add_argument("--seed", type=int, default=0)
-    measure.add_argument("--max-rows", type=int, default=1 << 18, help="CPU: rows allocated per table at most")
+    measure.add_argument("--combos", type=POSITIVE, default=2000)
+    measure.add_argument("--max-tables", type=POSITIVE, default=15)
+    measure.add_argument("--batch", type=POSITIVE, default=4096)
+    measure.add_argument("--seed", type=SEED, default=0)
+    measure.add_argument("--max-rows", type=POSITIVE, default=1 << 18, help="CPU: rows allocated per table at most")
     measure.add_argument("--out", required=True, help="JSON-lines dataset (appended to; a rerun resumes)")
     measure.set_defaults(func=_cmd_measure)
     train = sub.add_parser("train", help="train a learned component").add_subparsers(dest="train_command",
@@ -327,15 +341,15 @@ def build_parser() -> argparse.ArgumentParser:
     costmodel = train.add_parser("costmodel", help="train a neural cost oracle on a measured dataset")
     costmodel.add_argument("--dataset", required=True)
     costmodel.add_argument("--model", choices=("autoshard", "dreamshard"), default="autoshard")
-    costmodel.add_argument("--epochs", type=int, default=300)
-    costmodel.add_argument("--seed", type=int, default=0)
+    costmodel.add_argument("--epochs", type=POSITIVE, default=300)
+    costmodel.add_argument("--seed", type=SEED, default=0)
     costmodel.add_argument("--out", required=True)
     costmodel.set_defaults(func=_cmd_train_costmodel)
     policy = train.add_parser("policy", help="train an AutoShard or DreamShard sharding policy")
     policy.add_argument("--algo", choices=("autoshard", "dreamshard"), required=True)
     policy.add_argument("--suite", required=True, help="a suite whose instance set holds the training tasks")
-    policy.add_argument("--time-budget", type=float, default=600.0, help="seconds of training")
-    policy.add_argument("--seed", type=int, default=0)
+    policy.add_argument("--time-budget", type=TIME_LIMIT, default=600.0, help="seconds of training")
+    policy.add_argument("--seed", type=SEED, default=0)
     policy.add_argument("--cost-model", help="cost network weights (default: the shipped neural-<algo>)")
     policy.add_argument("--real-oracle", default="measured", help="DreamShard's periodic real rollouts ('none' to skip)")
     policy.add_argument("--out", help="default: the shipped policy file")
@@ -356,12 +370,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from .suite import SuiteError
 
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # a bad argument (reported in one line) or --help
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, SuiteError,
-            FileExistsError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+            StoreError, BudgetError, FileExistsError, FileNotFoundError) as exc:
+        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from .metrics import gap_to_bound, speedup_over_random
 from .runner import best_bounds, judge_of, random_objectives
+from .store import cell_key
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ def _mean_std(values: list[float]) -> tuple[float, float]:
 
 
 def leaderboard_rows(records: list[dict]) -> list[Row]:
+    # In cell order, not store order: a resumed sweep stores the same cells in another order, and its
+    # means must come out identical to the last bit.
+    records = sorted(records, key=lambda r: tuple(map(str, cell_key(r))))
     randoms, (bounds, _) = random_objectives(records), best_bounds(records)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:

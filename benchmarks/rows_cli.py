@@ -9,7 +9,7 @@ import numpy as np
 
 from costmodels.flexshard import FlexParams
 from instances import Instance, InstanceError, PlanError, load_instance
-from instances.io import write_json_atomic
+from instances.io import check_output_path, write_json_atomic
 from instances.model import BucketPlan, TieringPlan
 from instances.rowdist import row_source
 from solvers.buckets import (
@@ -22,6 +22,8 @@ from solvers.buckets import (
     rows_per_bucket,
 )
 from solvers.flexshard import FlexShard, RowTable, Tiering
+
+from .args import POSITIVE, number
 
 
 def flexshard_for(instance: Instance, dp_multiplier: float) -> FlexShard:
@@ -79,6 +81,12 @@ def plot_frontier(shard: FlexShard, path: str, title: str) -> None:
 
 
 def cmd_flexshard(args: argparse.Namespace) -> int:
+    if args.output:
+        check_output_path(args.output, "-o")
+    if args.plot:
+        check_output_path(args.plot, "--plot")
+        if not args.plot.endswith(".png"):
+            raise InstanceError("--plot", f"must name a .png file, got {args.plot!r}")
     instance = load_instance(args.instance)
     shard = flexshard_for(instance, args.dp_multiplier)
     results = [shard.two_tier(), shard.three_tier()]
@@ -120,16 +128,17 @@ def cmd_flexshard(args: argparse.Namespace) -> int:
 
 
 def cmd_buckets(args: argparse.Namespace) -> int:
+    if args.output:
+        check_output_path(args.output, "-o")
     instance = load_instance(args.instance)
     candidates = [t for t in instance.tables if t.buckets is not None and (args.table in (None, t.name))]
     if not candidates:
         raise InstanceError("tables", "no table with a bucket spec" + (f" named {args.table!r}" if args.table else ""))
     table = candidates[0]
     spec = table.buckets
-    for name in ("trainers", "reshard_to"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            raise InstanceError(name.replace("_", "-"), f"must be > 0, got {value}")
+    if args.balance == "access" and table.row_distribution is None:
+        raise InstanceError(f"table {table.name}.row_distribution", "--balance access needs the table's row "
+                            "distribution; this table has none")
     if spec.count > table.rows:
         raise InstanceError(f"table {table.name}.buckets.count", f"{spec.count} buckets for {table.rows} rows")
     rows = rows_per_bucket(table.rows, spec.count, spec.mapping)
@@ -168,17 +177,18 @@ def cmd_buckets(args: argparse.Namespace) -> int:
 def add_commands(sub) -> None:
     flex = sub.add_parser("flexshard", help="FlexShard row tiering of an instance's sequence tables")
     flex.add_argument("instance")
-    flex.add_argument("--extra-memory", type=float, help="also the least-communication DP/RW hybrid within this "
-                      "many extra bytes per GPU over RW")
-    flex.add_argument("--dp-multiplier", type=float, default=6.0, help="DP memory multiplier (paper: 6)")
+    flex.add_argument("--extra-memory", type=number(float, 0.0, what="bytes"), help="also the least-communication "
+                      "DP/RW hybrid within this many extra bytes per GPU over RW")
+    flex.add_argument("--dp-multiplier", type=number(float, 0.0, low_open=True, what="multiplier"), default=6.0,
+                      help="DP memory multiplier (paper: 6)")
     flex.add_argument("--plot", help="write the memory/communication frontier (Fig. 5) as PNG")
     flex.add_argument("-o", "--output", help="write the tiering plans as JSON")
     flex.set_defaults(func=cmd_flexshard)
     buckets = sub.add_parser("buckets", help="bucket ranges per trainer and resharding for a collision-free table")
     buckets.add_argument("instance")
     buckets.add_argument("--table", help="the table to plan (default: the first with a bucket spec)")
-    buckets.add_argument("--trainers", type=int, required=True)
-    buckets.add_argument("--reshard-to", type=int, help="plan a resharding to this many trainers")
+    buckets.add_argument("--trainers", type=POSITIVE, required=True)
+    buckets.add_argument("--reshard-to", type=POSITIVE, help="plan a resharding to this many trainers")
     buckets.add_argument("--balance", choices=("rows", "access"), default="rows")
     buckets.add_argument("-o", "--output", help="write the bucket plan as JSON")
     buckets.set_defaults(func=cmd_buckets)

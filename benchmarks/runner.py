@@ -3,7 +3,11 @@ process under a hard deadline so that a solver that crashes or hangs costs one e
 Finished cells are appended to the results store at once; cells already there are not run again."""
 from __future__ import annotations
 
+import ctypes
+import math
 import multiprocessing as mp
+import os
+import signal
 import sys
 import time
 import traceback
@@ -26,8 +30,10 @@ from instances import Instance, Plan, load_instances
 from solvers import Budget, best_additive_lower_bound, get_solver, run_solver
 
 from .metrics import degree_of_balance
-from .store import append_record, cell_key, read_records
+from .store import Store, cell_key
 from .suite import Suite
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -102,7 +108,21 @@ def execute_cell(cell: Cell) -> dict:
     return record
 
 
-def _child(connection, cell: Cell) -> None:
+def _die_with_parent(parent: int) -> None:
+    """A cell must not outlive the bench process, even one killed with SIGKILL: the kernel sends this
+    process SIGKILL when its parent dies. It also leads its own process group, so that a cell killed at
+    its deadline takes along whatever it started (CBC runs as a separate program)."""
+    os.setpgid(0, 0)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the deadline kill still applies
+        pass
+    if os.getppid() != parent:  # the parent died before the request took effect
+        os._exit(1)
+
+
+def _child(connection, cell: Cell, parent: int) -> None:
+    _die_with_parent(parent)
     if "torch" in sys.modules:
         # Cells are the parallel unit: a torch thread pool per cell on top would oversubscribe the cores,
         # and OpenMP's spinning threads then slow every small network call by two orders of magnitude.
@@ -129,7 +149,7 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
         while pending and len(running) < workers:
             cell = pending.popleft()
             receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(sender, cell), daemon=True)
+            process = context.Process(target=_child, args=(sender, cell, os.getpid()), daemon=True)
             process.start()
             sender.close()
             running[receiver] = (process, cell, time.monotonic())
@@ -148,11 +168,12 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
                     process.join(1.0)
                     record = _error_record(cell, f"solver process died (exit code {process.exitcode})", now - started)
             elif now - started > kill_deadline(cell.time_limit):
-                process.kill()
+                _kill_group(process)
                 record = _error_record(cell, f"killed after {now - started:.1f} s: exceeded its "
                                              f"{cell.time_limit:g} s budget by too much", now - started)
             if record is not None:
                 process.join(1.0)
+                _kill_group(process)  # anything the cell left running (a solver's helper program) goes too
                 receiver.close()
                 del running[receiver]
                 on_record(record)
@@ -160,13 +181,27 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
                     progress(record)
 
 
+def _kill_group(process) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    process.join(1.0)
+
+
 def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, quiet: bool = False) -> list[dict]:
-    """Runs what the store lacks and returns every record of this suite's cells."""
-    if fresh and suite.results.exists():
-        suite.results.unlink()
+    """Runs what the store lacks and returns every record of this suite's cells. The store stays locked
+    while the suite runs: a second bench process on it is refused."""
     instances = load_instances(suite.instances)
     cells = suite_cells(suite, instances)
-    done = {cell_key(r): r for r in read_records(suite.results)}
+    with Store(suite.results) as store:
+        if fresh:
+            store.clear()
+        return _run_missing(suite, cells, store, workers, quiet)
+
+
+def _run_missing(suite: Suite, cells: list[Cell], store: Store, workers: int | None, quiet: bool) -> list[dict]:
+    done = {cell_key(r): r for r in store.records()}
     todo = [c for c in cells if c.key not in done]
     if not quiet:
         print(f"{suite.name}: {len(cells)} cells, {len(cells) - len(todo)} already in {suite.results}, "
@@ -179,11 +214,11 @@ def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, qui
             bar.update(task, advance=1, description=f"{suite.name}: {record['solver']} {record['status']}")
             bar.refresh()
 
-        def store(record: dict) -> None:
-            append_record(suite.results, record)
+        def keep(record: dict) -> None:
+            store.append(record)
             done[cell_key(record)] = record
 
-        run_cells(todo, workers or suite.workers, store, advance)
+        run_cells(todo, workers or suite.workers, keep, advance)
     return [done[c.key] for c in cells if c.key in done]
 
 
@@ -216,7 +251,7 @@ def best_bounds(records: list[dict]) -> tuple[dict[tuple, float], list[str]]:
     for r in records:
         key = (r["instance"], judge_of(r))
         for value in (r.get("instance_bound"), r.get("lower_bound")):
-            if value is None or not np.isfinite(value):
+            if value is None or not math.isfinite(value):
                 continue
             if value > cheapest.get(key, np.inf) * (1 + BOUND_CONFLICT_TOLERANCE):
                 conflicts.append(f"{r['solver']} ({r['time_limit']:g} s) claims bound {value:.9g} on {r['instance']}, "

@@ -2,13 +2,18 @@
 Paths inside a suite are relative to the suite file."""
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from costmodels import get_oracle
-from solvers import get_solver
+from instances import InstanceError
+from instances.io import read_text
+from solvers import MAX_SEED, MAX_TIME_LIMIT, get_solver
+
+MAX_WORKERS = 1024
 
 
 class SuiteError(ValueError):
@@ -49,23 +54,35 @@ def _list(data: dict, key: str, kind: type, path: Path, default=None) -> tuple:
         raise SuiteError(f"{path}: {key}: missing")
     if not isinstance(value, list) or not value or not all(isinstance(v, kind) and not isinstance(v, bool) for v in value):
         raise SuiteError(f"{path}: {key}: must be a non-empty list of {getattr(kind, '__name__', 'number')}")
+    if len(set(value)) != len(value):
+        raise SuiteError(f"{path}: {key}: lists a value twice")
     return tuple(value)
+
+
+def _seeds(data: dict, key: str, path: Path, default: list[int]) -> tuple[int, ...]:
+    seeds = _list(data, key, int, path, default)
+    bad = next((s for s in seeds if not 0 <= s <= MAX_SEED), None)
+    if bad is not None:
+        raise SuiteError(f"{path}: {key}: seeds must be in 0..{MAX_SEED}, got {bad}")
+    return seeds
 
 
 def load_suite(path: str | Path) -> Suite:
     path = Path(path)
+    if path.is_dir():
+        raise SuiteError(f"{path}: is a directory, not a suite file")
     try:
-        data = tomllib.loads(path.read_text())
-    except OSError as exc:
-        raise SuiteError(f"{path}: cannot read suite ({exc.strerror or exc})") from exc
+        data = tomllib.loads(read_text(path, "suite"))
+    except InstanceError as exc:
+        raise SuiteError(str(exc)) from exc
     except tomllib.TOMLDecodeError as exc:
         raise SuiteError(f"{path}: not valid TOML ({exc})") from exc
     unknown = sorted(set(data) - _KNOWN)
     if unknown:
         raise SuiteError(f"{path}: {unknown[0]}: unknown field")
     for key in ("name", "instances", "results"):
-        if not isinstance(data.get(key), str):
-            raise SuiteError(f"{path}: {key}: missing or not a string")
+        if not isinstance(data.get(key), str) or not data[key]:
+            raise SuiteError(f"{path}: {key}: missing or not a non-empty string")
     solvers = _list(data, "solvers", str, path)
     oracles = _list(data, "oracles", str, path)
     for name in solvers:
@@ -76,19 +93,24 @@ def load_suite(path: str | Path) -> Suite:
     for name in (*oracles, *([judge] if judge else [])):
         get_oracle(name)
     time_limits = tuple(float(t) for t in _list(data, "time_limits", (int, float), path, [10.0]))
-    if any(t <= 0 for t in time_limits):
-        raise SuiteError(f"{path}: time_limits: must be > 0")
+    if not all(math.isfinite(t) and 0 < t <= MAX_TIME_LIMIT for t in time_limits):
+        raise SuiteError(f"{path}: time_limits: each must be a finite number of seconds in (0, {MAX_TIME_LIMIT:g}]")
     workers = data.get("workers", os.cpu_count() or 1)
-    if not isinstance(workers, int) or workers <= 0:
-        raise SuiteError(f"{path}: workers: must be a positive integer")
+    if not isinstance(workers, int) or isinstance(workers, bool) or not 0 < workers <= MAX_WORKERS:
+        raise SuiteError(f"{path}: workers: must be an integer in 1..{MAX_WORKERS}")
+    description = data.get("description", "")
+    if not isinstance(description, str):
+        raise SuiteError(f"{path}: description: must be a string")
     base = path.parent
     instances = (base / data["instances"]).resolve()
     if not instances.exists():
         raise SuiteError(f"{path}: instances: {instances} does not exist")
+    results = (base / data["results"]).resolve()
+    if results.is_dir() or results.suffix != ".jsonl":
+        raise SuiteError(f"{path}: results: must name a .jsonl file, got {data['results']!r}")
     return Suite(
         name=data["name"], path=path, instances=instances, solvers=solvers, oracles=oracles,
-        time_limits=time_limits, seeds=_list(data, "seeds", int, path, [0]),
-        random_seeds=_list(data, "random_seeds", int, path, list(range(10))),
-        results=(base / data["results"]).resolve(), workers=workers, description=data.get("description", ""),
-        judge=judge,
+        time_limits=time_limits, seeds=_seeds(data, "seeds", path, [0]),
+        random_seeds=_seeds(data, "random_seeds", path, list(range(10))),
+        results=results, workers=workers, description=description, judge=judge,
     )

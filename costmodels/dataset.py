@@ -5,13 +5,16 @@ the first half, test on the second) is clean."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
-from instances import Table
+from instances import InstanceError, Table
+from instances.io import read_text
+from instances.model import MAX_DIM, MAX_POOLING, MAX_ROWS
 from instances.pool import dlrm_pool
 
 from .measured import MeasurementCache, Protocol
@@ -47,7 +50,7 @@ def collect(out: Path, count: int, max_tables: int, batch: int, seed: int, proto
             cache: MeasurementCache | None = None, progress=None) -> int:
     """Appends measured combinations to `out` (JSON lines); ones already there are skipped."""
     cache = cache or MeasurementCache()
-    done = sum(1 for line in out.read_text().splitlines() if line.strip()) if out.exists() else 0
+    done = len(load_dataset(out)) if out.exists() else 0
     out.parent.mkdir(parents=True, exist_ok=True)
     written = 0
     for combo in combinations(count, max_tables, seed):
@@ -69,5 +72,57 @@ def collect(out: Path, count: int, max_tables: int, batch: int, seed: int, proto
     return written
 
 
+# Upper limits of AutoShard's 21 features, as an instance's tables are limited.
+FEATURE_LIMITS = (MAX_DIM, MAX_ROWS, MAX_POOLING, MAX_ROWS * MAX_DIM, *([1.0] * 17))
+RECORD_FIELDS = ("id", "split", "pool_indices", "dims", "features", "batch", "forward_s", "backward_s", "total_s")
+
+
 def load_dataset(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    """The records of a cost dataset; a line that is not one names itself in an InstanceError."""
+    records = []
+    for number, line in enumerate(read_text(path, "dataset").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            record = json.loads(line)
+        except (ValueError, RecursionError) as exc:
+            raise InstanceError(where, f"not a JSON record ({exc})") from exc
+        if not isinstance(record, dict):
+            raise InstanceError(where, "not a dataset record (a JSON object)")
+        missing = [k for k in RECORD_FIELDS if k not in record]
+        if missing:
+            raise InstanceError(where, f"missing {', '.join(missing)}")
+        if not _count(record["id"], 0) or not _count(record["batch"], 1):
+            raise InstanceError(where, "id must be an integer >= 0 and batch an integer >= 1")
+        if record["split"] not in ("train", "test"):
+            raise InstanceError(f"{where}: split", f"must be 'train' or 'test', got {record['split']!r}")
+        features = record["features"]
+        if (not isinstance(features, list) or not features or
+                not all(isinstance(f, list) and len(f) == 21 and all(_finite(x) for x in f) for f in features)):
+            raise InstanceError(f"{where}: features", "must be a non-empty list of 21 finite numbers per table")
+        for f in features:
+            if not all(0 <= x <= high for x, high in zip(f, FEATURE_LIMITS)):
+                raise InstanceError(f"{where}: features", "a value is outside what a table can have "
+                                    "(dim, rows, pooling, size, then 17 shares in [0, 1])")
+        for key in ("pool_indices", "dims"):
+            if not isinstance(record[key], list) or len(record[key]) != len(features) or \
+                    not all(_count(x, 0) for x in record[key]):
+                raise InstanceError(f"{where}: {key}", "must list one non-negative integer per table")
+        singles = record.get("single_total_s")
+        if singles is not None and (not isinstance(singles, list) or len(singles) != len(features)
+                                    or not all(_finite(x) and x > 0 for x in singles)):
+            raise InstanceError(f"{where}: single_total_s", "must list one positive time per table")
+        for key in ("forward_s", "backward_s", "total_s"):
+            if not (_finite(record[key]) and record[key] > 0):
+                raise InstanceError(f"{where}: {key}", f"must be a positive number of seconds, got {record[key]!r}")
+        records.append(record)
+    return records
+
+
+def _count(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

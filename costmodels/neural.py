@@ -200,6 +200,9 @@ def train(records: list[dict], kind: str, epochs: int = 400, seed: int = 0, batc
             best_loss, best_state = check_loss, {k: v.clone() for k, v in net.state_dict().items()}
         if progress:
             progress(epoch + 1)
+    if best_state is None:
+        raise ValueError("training found no finite loss on the held-back combinations: the dataset's times or "
+                         "features are out of any learnable range")
     net.load_state_dict(best_state)
     net.eval()
     model = TrainedModel(net, mean, std, {"kind": kind, "epochs": epochs, "seed": seed,

@@ -22,25 +22,58 @@ from .model import (
 MANIFEST = "manifest.json"
 
 
-def read_json(path: str | Path) -> Any:
+def read_text(path: str | Path, what: str = "file") -> str:
+    """A file's text as UTF-8, or an InstanceError naming the file and why it cannot be read."""
     path = Path(path)
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as exc:
-        raise InstanceError(str(path), f"cannot read file ({exc.strerror or exc})") from exc
+        raise InstanceError(str(path), f"cannot read {what} ({exc.strerror or exc})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InstanceError(str(path), f"not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
+
+
+def read_json(path: str | Path) -> Any:
+    text = read_text(path)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InstanceError(str(path), f"not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    except RecursionError as exc:
+        raise InstanceError(str(path), "not valid JSON (nested too deeply)") from exc
+    except ValueError as exc:  # e.g. an integer literal longer than Python converts
+        raise InstanceError(str(path), f"not valid JSON ({exc})") from exc
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_output_path(path: str | Path, what: str = "output") -> Path:
+    """Fails early, before any work, when `path` cannot receive a file: it is a directory, or its parent
+    is a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise InstanceError(str(path), f"{what} is a directory; give a file name")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InstanceError(str(path), f"{what}: {parent} is not a directory")
+    return path
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
-    path = Path(path)
+    """Writes via a temporary sibling and a rename; the file gets the permissions the umask gives a new file."""
+    path = check_output_path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -80,15 +113,19 @@ def save_instance_set(instances: Iterable[Instance], folder: str | Path, descrip
     folder = Path(folder)
     if folder.exists():
         raise FileExistsError(f"{folder}: already exists; choose another folder or remove it first")
+    check_output_path(folder, "instance-set folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         files = []
         for instance in instances:
             name = f"{instance.id}.json"
+            if name in files:
+                raise InstanceError("id", f"two instances share the id {instance.id!r}")
             save_instance(instance, staging / name)
             files.append(name)
         write_json_atomic(staging / MANIFEST, {**description, "instances": files})
+        os.chmod(staging, 0o777 & ~_umask())
         os.replace(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -97,11 +134,25 @@ def save_instance_set(instances: Iterable[Instance], folder: str | Path, descrip
 
 
 def load_instance_set(folder: str | Path) -> tuple[dict, tuple[Instance, ...]]:
+    """The manifest and its instances; file names must be plain names inside the folder, and ids unique."""
     folder = Path(folder)
-    manifest = read_json(folder / MANIFEST)
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("instances"), list):
-        raise InstanceError(str(folder / MANIFEST), "instances: must list the set's instance files")
-    return manifest, tuple(load_instance(folder / name) for name in manifest["instances"])
+    path = folder / MANIFEST
+    manifest = read_json(path)
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("instances"), list) or not manifest["instances"]:
+        raise InstanceError(f"{path}: instances", "must be a non-empty list of the set's instance files")
+    names = manifest["instances"]
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not name or Path(name).name != name or name in (".", ".."):
+            raise InstanceError(f"{path}: instances[{i}]", f"must be a file name inside the folder, got {name!r}")
+    if len(set(names)) != len(names):
+        raise InstanceError(f"{path}: instances", "lists a file twice")
+    instances = tuple(load_instance(folder / name) for name in names)
+    first: dict[str, str] = {}
+    for name, instance in zip(names, instances):
+        if instance.id in first:
+            raise InstanceError(f"{folder / name}: id", f"{instance.id!r} is also the id of {first[instance.id]}")
+        first[instance.id] = name
+    return manifest, instances
 
 
 def load_instances(path: str | Path) -> tuple[Instance, ...]:

@@ -13,6 +13,18 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 ROW_DISTRIBUTION_KINDS = ("power_law", "empirical")
 BUCKET_MAPPINGS = ("interleave", "chunk")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
+# Ranges far beyond any real model, chosen so that every byte count and cost stays exact in int64 / finite
+# in float64 (a table's memory is at most 2^40 rows × 2^15 dims × 12 B < 2^59; an instance's total is
+# checked against MAX_TOTAL_BYTES).
+MAX_ROWS = 2**40
+MAX_DIM = 2**15
+MAX_POOLING = 1e6
+MAX_DEVICES_PER_AXIS = 2**16
+MAX_MEMORY_BYTES = 2**56
+MAX_TOTAL_BYTES = 2**62
+MAX_BATCH = 2**31
+BANDWIDTH_RANGE = (1.0, 1e18)  # bytes per second
+MAX_ALPHA = 100.0  # a power law this steep already puts every access on the first row
 
 
 class InstanceError(ValueError):
@@ -41,18 +53,34 @@ def _is_number(value: Any) -> bool:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)) and math.isfinite(value)
 
 
-def _positive_int(value: Any, path: str) -> int:
-    _require(_is_int(value), path, f"must be an integer, got {value!r}")
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _positive_int(value: Any, path: str, maximum: int | None = None) -> int:
+    _require(_is_int(value), path, f"must be an integer, got {_short(value)}")
     _require(value > 0, path, f"must be > 0, got {value}")
+    if maximum is not None:
+        _require(value <= maximum, path, f"must be <= {maximum}, got {_short(value)}")
     return value
 
 
-def _finite(value: Any, path: str, minimum: float | None = None, strict: bool = False) -> float:
-    _require(_is_number(value), path, f"must be a finite number, got {value!r}")
+def _finite(value: Any, path: str, minimum: float | None = None, strict: bool = False,
+            maximum: float | None = None) -> float:
+    _require(_is_number(value), path, f"must be a finite number, got {_short(value)}")
     if minimum is not None:
         ok = value > minimum if strict else value >= minimum
         _require(ok, path, f"must be {'>' if strict else '>='} {minimum}, got {value}")
+    if maximum is not None:
+        _require(value <= maximum, path, f"must be <= {maximum:g}, got {_short(value)}")
     return float(value)
+
+
+def _string(value: Any, path: str, empty_ok: bool = False) -> str:
+    _require(isinstance(value, str), path, f"must be a string, got {_short(value)}")
+    _require(empty_ok or value != "", path, "must be a non-empty string")
+    return value
 
 
 @dataclass(frozen=True)
@@ -68,7 +96,7 @@ class RowDistribution:
         _require(self.kind in ROW_DISTRIBUTION_KINDS, f"{path}.kind",
                  f"must be one of {ROW_DISTRIBUTION_KINDS}, got {self.kind!r}")
         if self.kind == "power_law":
-            _finite(self.alpha, f"{path}.alpha", 0.0)
+            _finite(self.alpha, f"{path}.alpha", 0.0, maximum=MAX_ALPHA)
             _require(self.probabilities is None, f"{path}.probabilities", "not allowed for power_law")
         else:
             _require(self.probabilities is not None and len(self.probabilities) > 0,
@@ -76,6 +104,7 @@ class RowDistribution:
             for i, p in enumerate(self.probabilities):
                 _finite(p, f"{path}.probabilities[{i}]", 0.0)
                 _require(p <= 1.0, f"{path}.probabilities[{i}]", f"a probability must be <= 1, got {p}")
+            _require(sum(self.probabilities) > 0, f"{path}.probabilities", "must not be all zero")
 
 
 @dataclass(frozen=True)
@@ -87,11 +116,11 @@ class BucketSpec:
     rows_per_bucket: int | None = None
 
     def validate(self, path: str) -> None:
-        _positive_int(self.count, f"{path}.count")
+        _positive_int(self.count, f"{path}.count", MAX_ROWS)
         _require(self.mapping in BUCKET_MAPPINGS, f"{path}.mapping",
                  f"must be one of {BUCKET_MAPPINGS}, got {self.mapping!r}")
         if self.rows_per_bucket is not None:
-            _positive_int(self.rows_per_bucket, f"{path}.rows_per_bucket")
+            _positive_int(self.rows_per_bucket, f"{path}.rows_per_bucket", MAX_ROWS)
 
 
 @dataclass(frozen=True)
@@ -111,14 +140,15 @@ class Table:
         return self.rows * self.dim * self.dtype_bytes
 
     def validate(self, path: str) -> None:
-        _require(isinstance(self.name, str) and self.name != "", f"{path}.name", "must be a non-empty string")
-        _positive_int(self.rows, f"{path}.rows")
-        _positive_int(self.dim, f"{path}.dim")
+        _string(self.name, f"{path}.name")
+        _positive_int(self.rows, f"{path}.rows", MAX_ROWS)
+        _positive_int(self.dim, f"{path}.dim", MAX_DIM)
         _require(_is_int(self.dtype_bytes) and self.dtype_bytes in DTYPE_BYTES.values(), f"{path}.dtype_bytes",
-                 f"must be one of {sorted(set(DTYPE_BYTES.values()))}, got {self.dtype_bytes!r}")
-        _finite(self.pooling_factor, f"{path}.pooling_factor", 0.0)
-        _require(isinstance(self.pooled, bool), f"{path}.pooled", f"must be a boolean, got {self.pooled!r}")
+                 f"must be one of {sorted(set(DTYPE_BYTES.values()))}, got {_short(self.dtype_bytes)}")
+        _finite(self.pooling_factor, f"{path}.pooling_factor", 0.0, maximum=MAX_POOLING)
+        _require(isinstance(self.pooled, bool), f"{path}.pooled", f"must be a boolean, got {_short(self.pooled)}")
         bins_path = f"{path}.reuse_bins"
+        _require(isinstance(self.reuse_bins, tuple), bins_path, "must be a list")
         _require(len(self.reuse_bins) == NUM_REUSE_BINS, bins_path,
                  f"must have {NUM_REUSE_BINS} values, got {len(self.reuse_bins)}")
         for i, share in enumerate(self.reuse_bins):
@@ -131,11 +161,13 @@ class Table:
             _require(abs(total - 1.0) <= BINS_TOLERANCE, bins_path,
                      f"must sum to 1 within {BINS_TOLERANCE}, got {total}")
         if self.row_distribution is not None:
+            _require(isinstance(self.row_distribution, RowDistribution), f"{path}.row_distribution", "must be an object")
             self.row_distribution.validate(f"{path}.row_distribution")
             probs = self.row_distribution.probabilities
             _require(probs is None or len(probs) <= self.rows, f"{path}.row_distribution.probabilities",
                      f"has {0 if probs is None else len(probs)} rows, table has {self.rows}")
         if self.buckets is not None:
+            _require(isinstance(self.buckets, BucketSpec), f"{path}.buckets", "must be an object")
             self.buckets.validate(f"{path}.buckets")
 
 
@@ -157,13 +189,13 @@ class Topology:
         return self.nodes * self.devices_per_node
 
     def validate(self, path: str) -> None:
-        _positive_int(self.nodes, f"{path}.nodes")
-        _positive_int(self.devices_per_node, f"{path}.devices_per_node")
-        _positive_int(self.memory_bytes, f"{path}.memory_bytes")
+        _positive_int(self.nodes, f"{path}.nodes", MAX_DEVICES_PER_AXIS)
+        _positive_int(self.devices_per_node, f"{path}.devices_per_node", MAX_DEVICES_PER_AXIS)
+        _positive_int(self.memory_bytes, f"{path}.memory_bytes", MAX_MEMORY_BYTES)
+        low, high = BANDWIDTH_RANGE
         for name in ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw", "allreduce_cross_node_bw"):
-            _finite(getattr(self, name), f"{path}.{name}", 0.0, strict=True)
-        _require(isinstance(self.device_kind, str) and self.device_kind != "", f"{path}.device_kind",
-                 "must be a non-empty string")
+            _finite(getattr(self, name), f"{path}.{name}", low, maximum=high)
+        _string(self.device_kind, f"{path}.device_kind")
 
 
 @dataclass(frozen=True)
@@ -175,10 +207,11 @@ class Workload:
     dtype: str = "fp16"
 
     def validate(self, path: str) -> None:
-        _positive_int(self.batch_size, f"{path}.batch_size")
-        _require(self.optimizer in OPTIMIZERS, f"{path}.optimizer",
-                 f"must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        _require(self.dtype in DTYPE_BYTES, f"{path}.dtype", f"must be one of {tuple(DTYPE_BYTES)}, got {self.dtype!r}")
+        _positive_int(self.batch_size, f"{path}.batch_size", MAX_BATCH)
+        _require(isinstance(self.optimizer, str) and self.optimizer in OPTIMIZERS, f"{path}.optimizer",
+                 f"must be one of {OPTIMIZERS}, got {_short(self.optimizer)}")
+        _require(isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES, f"{path}.dtype",
+                 f"must be one of {tuple(DTYPE_BYTES)}, got {_short(self.dtype)}")
 
 
 def optimizer_state_bytes(table: Table, optimizer: str) -> int:
@@ -211,15 +244,20 @@ class Instance:
         return tuple(table_memory_bytes(t, self.workload) for t in self.tables)
 
     def validate(self) -> "Instance":
-        _require(isinstance(self.id, str) and self.id != "", "id", "must be a non-empty string")
+        _string(self.id, "id")
+        _string(self.provenance, "provenance", empty_ok=True)
         _require(len(self.tables) > 0, "tables", "must hold at least one table")
         seen: set[str] = set()
         for i, table in enumerate(self.tables):
+            _require(isinstance(table, Table), f"tables[{i}]", "must be an object")
             table.validate(f"tables[{i}]")
             _require(table.name not in seen, f"tables[{i}].name", f"duplicate table name {table.name!r}")
             seen.add(table.name)
         self.topology.validate("topology")
         self.workload.validate("workload")
+        total = sum(self.table_memory())
+        _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
+                 "this tool handles exactly")
         return self
 
 
@@ -267,6 +305,15 @@ class Plan:
 def _expect_mapping(data: Any, path: str) -> Mapping[str, Any]:
     _require(isinstance(data, Mapping), path, f"must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _check_version(data: Mapping[str, Any], supported: tuple[int, ...]) -> int:
+    """The schema version comes first: a file of another version is reported as that, not as a missing field."""
+    _require("schema_version" in data, "schema_version", "missing")
+    version = data["schema_version"]
+    _require(_is_int(version) and version in supported, "schema_version",
+             f"unsupported version {_short(version)} (supported: {', '.join(map(str, supported))})")
+    return version
 
 
 def _join(path: str, key: str) -> str:
@@ -337,9 +384,8 @@ def instance_to_dict(instance: Instance) -> dict:
 def instance_from_dict(data: Any) -> Instance:
     """Parse and validate; raises InstanceError naming the first bad field."""
     data = _expect_mapping(data, "instance")
+    _check_version(data, (SCHEMA_VERSION,))
     values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance"))
-    version = values["schema_version"]
-    _require(version == SCHEMA_VERSION, "schema_version", f"unsupported version {version!r} (expected {SCHEMA_VERSION})")
     topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, _TOPOLOGY_OPTIONAL)
     work_raw = values.get("workload", {})
     work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
@@ -355,6 +401,11 @@ def instance_from_dict(data: Any) -> Instance:
     return instance.validate()
 
 
+# What `shardbench solve -o` writes beside a plan: a report of the run, ignored when the plan is loaded.
+PLAN_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
+                    "device_costs", "memory_per_device")
+
+
 def plan_to_dict(plan: Plan) -> dict:
     return {"schema_version": SCHEMA_VERSION, "kind": plan.kind, "instance_id": plan.instance_id,
             "assignment": list(plan.assignment)}
@@ -362,13 +413,14 @@ def plan_to_dict(plan: Plan) -> dict:
 
 def plan_from_dict(data: Any) -> Plan:
     data = _expect_mapping(data, "plan")
-    _require(data.get("schema_version") == SCHEMA_VERSION, "schema_version",
-             f"unsupported version {data.get('schema_version')!r} (expected {SCHEMA_VERSION})")
-    _require(data.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {data.get('kind')!r}")
-    for key in ("instance_id", "assignment"):
-        _require(key in data, key, "missing")
-    _require(isinstance(data["assignment"], list), "assignment", "must be a list of device indices")
-    return Plan(instance_id=data["instance_id"], assignment=tuple(data["assignment"]))
+    _check_version(data, (SCHEMA_VERSION,))
+    values = _take(data, "", ("schema_version", "instance_id", "assignment"), ("kind", *PLAN_REPORT_KEYS))
+    _require(values.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {_short(values.get('kind'))}")
+    _string(values["instance_id"], "instance_id")
+    _require(isinstance(values["assignment"], list), "assignment", "must be a list of device indices")
+    for i, device in enumerate(values["assignment"]):
+        _require(_is_int(device), f"assignment[{i}]", f"must be a device index, got {_short(device)}")
+    return Plan(instance_id=values["instance_id"], assignment=tuple(values["assignment"]))
 
 
 @dataclass(frozen=True)

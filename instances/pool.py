@@ -6,7 +6,15 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .model import NUM_REUSE_BINS, Table
+from .model import (
+    MAX_POOLING,
+    MAX_ROWS,
+    NUM_REUSE_BINS,
+    Table,
+    _finite,
+    _positive_int,
+    _require,
+)
 
 
 @dataclass(frozen=True)
@@ -23,8 +31,21 @@ class PoolTable:
                      pooling_factor=self.pooling_factor, reuse_bins=self.reuse_bins)
 
 
-def pool_entry_from_record(index: int, record: dict) -> PoolTable:
-    return PoolTable(index=index, rows=int(record["row"]), pooling_factor=float(record["pooling_factor"]),
+POOL_FIELDS = ("row", "pooling_factor", *(f"bin_{b}" for b in range(NUM_REUSE_BINS)))
+
+
+def pool_entry_from_record(index: int, record: dict, path: str = "pool") -> PoolTable:
+    """One pool record (the dataset's field names), checked field by field; the 17 bins are checked as a
+    table's when a task is built from it."""
+    where = f"{path}[{index}]"
+    _require(isinstance(record, dict), where, "must be a JSON object")
+    for key in POOL_FIELDS:
+        _require(key in record, f"{where}.{key}", "missing")
+    _positive_int(record["row"], f"{where}.row", MAX_ROWS)
+    _finite(record["pooling_factor"], f"{where}.pooling_factor", 0.0, maximum=MAX_POOLING)
+    for b in range(NUM_REUSE_BINS):
+        _finite(record[f"bin_{b}"], f"{where}.bin_{b}", 0.0, maximum=1.0)
+    return PoolTable(index=index, rows=record["row"], pooling_factor=float(record["pooling_factor"]),
                      reuse_bins=tuple(float(record[f"bin_{b}"]) for b in range(NUM_REUSE_BINS)))
 
 

@@ -2,12 +2,20 @@
 package registers them all."""
 from . import baselines, exact, greedy, learned, search  # noqa: F401  (registration happens on import)
 from .base import (
+                   MAX_SEED,
+                   MAX_TIME_LIMIT,
                    Budget,
+                   BudgetError,
+                   Cause,
+                   ClaimError,
+                   NoPlan,
                    SolveResult,
                    SolverInfo,
                    SolverOracleMismatch,
                    Status,
                    UnknownSolverError,
+                   check_no_plan,
+                   check_seed,
                    get_solver,
                    run_solver,
                    solver_names,
@@ -15,6 +23,6 @@ from .base import (
 from .bounds import additive_lower_bounds, best_additive_lower_bound
 
 __all__ = [
-    "Budget", "SolveResult", "SolverInfo", "SolverOracleMismatch", "Status", "UnknownSolverError",
-    "additive_lower_bounds", "best_additive_lower_bound", "get_solver", "run_solver", "solver_names",
+    "MAX_SEED", "MAX_TIME_LIMIT", "Budget", "BudgetError", "Cause", "ClaimError", "NoPlan", "SolveResult", "SolverInfo", "SolverOracleMismatch", "Status", "UnknownSolverError",
+    "additive_lower_bounds", "check_no_plan", "check_seed", "best_additive_lower_bound", "get_solver", "run_solver", "solver_names",
 ]

@@ -2,6 +2,7 @@
 solvers with their metadata, and the final check that validates a plan before anyone reports it."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -15,6 +16,10 @@ from instances import Instance, Plan
 from .bounds import best_additive_lower_bound
 
 BOUND_MATCH_TOLERANCE = 1e-12  # float summation noise between a bound and an objective of the same tables
+OPTIMALITY_TOLERANCE = 1e-6    # relative gap under which a proven bound certifies optimality
+MAX_SEED = 2**31 - 1           # CP-SAT takes a 32-bit seed
+MAX_TIME_LIMIT = 1e6           # seconds; a budget must be finite for a search to return
+TIME_LIMIT_SLACK = 0.9         # a solver blaming its time limit must have used at least this share of it
 
 
 class Status(str, Enum):
@@ -24,16 +29,57 @@ class Status(str, Enum):
     NO_PLAN = "no_plan"        # the solver found no plan (heuristic stuck, or out of time); proves nothing
 
 
+class BudgetError(ValueError):
+    """A time limit, round cap or seed outside what a solver can honour."""
+
+
 @dataclass(frozen=True)
 class Budget:
-    """Wall-clock seconds; `max_rounds` optionally caps a search's iterations so that its result depends
-    on the seed alone and not on how fast the machine is."""
+    """Wall-clock seconds (finite, > 0); `max_rounds` optionally caps a search's iterations so that its
+    result depends on the seed alone and not on how fast the machine is."""
 
     time_limit: float = 10.0
     max_rounds: int | None = None
 
+    def __post_init__(self):
+        if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or \
+                not (math.isfinite(self.time_limit) and 0 < self.time_limit <= MAX_TIME_LIMIT):
+            raise BudgetError(f"time limit: must be a finite number of seconds in (0, {MAX_TIME_LIMIT:g}], "
+                              f"got {self.time_limit!r}")
+        if self.max_rounds is not None and (not isinstance(self.max_rounds, int) or self.max_rounds < 0):
+            raise BudgetError(f"max rounds: must be a non-negative integer, got {self.max_rounds!r}")
+
     def deadline(self) -> float:
         return time.monotonic() + self.time_limit
+
+
+def check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or not 0 <= seed <= MAX_SEED:
+        raise BudgetError(f"seed: must be an integer in 0..{MAX_SEED}, got {seed!r}")
+    return int(seed)
+
+
+class Cause(str, Enum):
+    """Why a solver returned no plan; each comes with evidence that `check_no_plan` verifies."""
+
+    DEAD_END = "dead_end"        # a constructive heuristic found no device with room for a table
+    SAMPLING = "sampling"        # every random sample dead-ended
+    OVERFLOW = "overflow"        # the solver's own plan breaks memory (a learned policy may end so)
+    TIME_LIMIT = "time_limit"    # the budget ran out before a plan was found
+    UNPROVEN = "unproven"        # a claim of infeasibility that came without a proof
+
+
+@dataclass(frozen=True)
+class NoPlan:
+    """Evidence for a missing plan: the table that found no room (`table`, its `need` and the `most_free`
+    memory any device had left), the overflowing plan, or the number of samples tried."""
+
+    cause: Cause
+    table: int | None = None
+    need: int | None = None
+    most_free: int | None = None
+    plan: tuple[int, ...] | None = None
+    samples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +90,7 @@ class SolveResult:
     lower_bound: float | None = None
     reason: str = ""
     stats: Mapping[str, float | int | str] = field(default_factory=dict)
+    no_plan: NoPlan | None = None
 
     @property
     def has_plan(self) -> bool:
@@ -93,30 +140,93 @@ def get_solver(name: str) -> SolverInfo:
     return _REGISTRY[name]
 
 
+class ClaimError(AssertionError):
+    """A solver reported something its own evidence contradicts (a bound above its plan, a no-plan
+    cause that does not check out): a defect of that solver, turned into an error row by the runner."""
+
+
+def _join(reason: str, more: str) -> str:
+    return f"{reason}; {more}" if reason else more
+
+
 def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, seed: int = 0) -> SolveResult:
-    """The one entry point: checks solver/oracle compatibility, and re-validates and re-prices whatever
-    plan comes back so that no solver can report a plan or an objective the instance does not support."""
+    """The one entry point: checks solver/oracle compatibility, re-validates and re-prices whatever plan
+    comes back, and verifies every claim in one place: `optimal` needs a bound that meets the plan,
+    `infeasible` a proof, a bound must be finite and below the plan, and a missing plan needs evidence.
+    Claims that fail are downgraded (optimal → feasible, unproven infeasible → no plan) or raised."""
     info = get_solver(name)
+    seed = check_seed(seed)
     if info.needs_additive and not oracle.additive:
         raise SolverOracleMismatch(f"solver {name!r} needs an additive oracle; {oracle.name!r} is not additive")
     proof = memory_infeasibility(instance) if "placement" in info.kinds else None
     if proof:
         return infeasible(proof)
+    started = time.monotonic()
     result = info.solve(instance, oracle, budget, seed)
+    elapsed = time.monotonic() - started
+    stats = dict(result.stats)
+    claimed = result.lower_bound
+    if claimed is not None and not (isinstance(claimed, (int, float)) and math.isfinite(claimed)):
+        stats["dropped_bound"] = repr(claimed)
+        claimed = None
+    combinatorial = (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
+                     if oracle.additive else None)
     if result.assignment is None:
-        return result
+        return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
     Plan(instance.id, result.assignment).validate(instance)
     objective = oracle.plan_cost(instance, result.assignment)
-    if result.lower_bound is not None and result.lower_bound > objective * (1 + 1e-9) + 1e-12:
-        raise AssertionError(f"solver {name!r} claims bound {result.lower_bound} above its objective {objective}")
+    if not math.isfinite(objective):
+        raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")
+    if claimed is not None and claimed > objective * (1 + 1e-9) + 1e-12:
+        raise ClaimError(f"solver {name!r} claims bound {claimed} above its objective {objective}")
+    bounds = [b for b in (claimed, combinatorial) if b is not None]
+    bound = min(max(bounds), objective) if bounds else None
     status, reason = result.status, result.reason
-    if status == Status.FEASIBLE and oracle.additive:
+    if status not in (Status.OPTIMAL, Status.FEASIBLE):
+        raise ClaimError(f"solver {name!r} returned a plan with status {status.value}")
+    proven = claimed is not None and claimed >= objective * (1 - OPTIMALITY_TOLERANCE)
+    if status == Status.OPTIMAL and not proven:
+        status, reason = Status.FEASIBLE, _join(reason, "claimed optimal without a bound that meets the plan")
+    if status == Status.FEASIBLE and combinatorial is not None and objective <= combinatorial * (1 + BOUND_MATCH_TOLERANCE):
         # Any plan that meets a valid lower bound is optimal, whoever found it.
-        bound = best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
-        if objective <= bound * (1 + BOUND_MATCH_TOLERANCE):
-            status, reason = Status.OPTIMAL, (reason + "; " if reason else "") + "meets the combinatorial lower bound"
-    return SolveResult(status=status, assignment=result.assignment, objective=objective,
-                       lower_bound=result.lower_bound, reason=reason, stats=result.stats)
+        status, reason = Status.OPTIMAL, _join(reason, "meets the combinatorial lower bound")
+    return SolveResult(status=status, assignment=result.assignment, objective=objective, lower_bound=bound,
+                       reason=reason, stats=stats)
+
+
+def _verified_failure(name: str, info: "SolverInfo", instance: Instance, budget: Budget, elapsed: float,
+                      result: SolveResult, bound: float | None, stats: dict) -> SolveResult:
+    if result.status == Status.INFEASIBLE:
+        if info.exact:  # an exact model's own infeasibility verdict is its proof
+            return SolveResult(Status.INFEASIBLE, reason=result.reason, stats=stats)
+        return SolveResult(Status.NO_PLAN, reason=_join(result.reason, "claimed infeasible without a proof"),
+                           stats=stats, no_plan=NoPlan(Cause.UNPROVEN), lower_bound=bound)
+    if result.status != Status.NO_PLAN or result.no_plan is None or not result.reason:
+        raise ClaimError(f"solver {name!r} returned no plan with status {result.status.value} and no evidence")
+    check_no_plan(instance, budget, elapsed, result.no_plan)
+    return SolveResult(Status.NO_PLAN, reason=result.reason, stats=stats, no_plan=result.no_plan, lower_bound=bound)
+
+
+def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: NoPlan) -> None:
+    """Raises ClaimError unless the evidence for a missing plan holds."""
+    capacity = instance.topology.memory_bytes
+    cause = evidence.cause
+    if cause == Cause.DEAD_END:
+        need = instance.table_memory()[evidence.table]
+        ok = evidence.need == need and evidence.most_free is not None and 0 <= evidence.most_free < need <= capacity
+    elif cause == Cause.SAMPLING:
+        ok = evidence.samples is not None and evidence.samples >= 1
+    elif cause == Cause.OVERFLOW:
+        plan = evidence.plan
+        ok = (plan is not None and len(plan) == instance.num_tables
+              and all(0 <= d < instance.num_devices for d in plan)
+              and max(Plan(instance.id, plan).memory_per_device(instance)) > capacity)
+    elif cause == Cause.TIME_LIMIT:
+        ok = elapsed >= TIME_LIMIT_SLACK * budget.time_limit
+    else:
+        ok = False
+    if not ok:
+        raise ClaimError(f"no-plan evidence does not hold: {evidence}")
 
 
 # ---------------------------------------------------------------- memory
@@ -154,9 +264,11 @@ class MemoryTracker:
 
 def stuck(instance: Instance, table: int, tracker: MemoryTracker) -> SolveResult:
     name = instance.tables[table].name
+    need, most_free = int(tracker.need[table]), int(tracker.free.max())
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} ({int(tracker.need[table])} B) fits on no device: the most free memory left is "
-        f"{int(tracker.free.max())} B (a heuristic dead end, not a proof of infeasibility)"))
+        f"table {name} ({need} B) fits on no device: the most free memory left is "
+        f"{most_free} B (a heuristic dead end, not a proof of infeasibility)"),
+        no_plan=NoPlan(Cause.DEAD_END, table=table, need=need, most_free=most_free))
 
 
 def infeasible(reason: str) -> SolveResult:

@@ -18,7 +18,11 @@ from costmodels import Oracle
 from instances import Instance, Plan
 
 from .base import (
+    OPTIMALITY_TOLERANCE,
+    TIME_LIMIT_SLACK,
     Budget,
+    Cause,
+    NoPlan,
     SolveResult,
     Status,
     infeasible,
@@ -29,9 +33,9 @@ from .bounds import best_additive_lower_bound
 from .greedy import best_greedy
 from .search import improve
 
-OPTIMALITY_TOLERANCE = 1e-6  # relative gap under which a proven bound certifies optimality
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
 MILP_BOUND_SLACK = 1e-7      # MILP bounds hold up to the solvers' feasibility tolerances: give that back
+MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
 
 
@@ -44,15 +48,21 @@ class ExactStart:
     order: np.ndarray
     lower_bound: float
 
+    def proven(self, instance: Instance, oracle: Oracle) -> bool:
+        """The heuristic plan already meets the bound: nothing is left for the model to prove."""
+        return (self.assignment is not None
+                and oracle.plan_cost(instance, self.assignment) <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE))
+
 
 def exact_start(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> ExactStart:
     deadline = time.monotonic() + HEURISTIC_SHARE * budget.time_limit
     costs = oracle.table_costs(instance)
+    bound = best_additive_lower_bound(costs, instance.num_devices)
     start = best_greedy(instance, oracle)
     assignment = start.assignment
-    if assignment is not None:
+    if assignment is not None and oracle.plan_cost(instance, assignment) > bound * (1 + OPTIMALITY_TOLERANCE):
         assignment = improve(instance, oracle, assignment, deadline, seed)[0]
-    return ExactStart(assignment, order_by_cost(costs), best_additive_lower_bound(costs, instance.num_devices))
+    return ExactStart(assignment, order_by_cost(costs), bound)
 
 
 def allowed_devices(position: int, num_devices: int) -> range:
@@ -70,13 +80,18 @@ def relabel(assignment, order: np.ndarray) -> tuple[int, ...]:
     return tuple(labels[int(d)] for d in assignment)
 
 
-def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallback, stats: dict) -> SolveResult:
+def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallback, stats: dict,
+            failure: NoPlan | None = None) -> SolveResult:
     """Picks the better of the solver's plan and the heuristic start, and certifies optimality only when
-    the proven bound meets the plan's true objective."""
+    the proven bound meets the plan's true objective. Without either plan, `failure` says why."""
     candidates = [a for a in (assignment, fallback) if a is not None]
     if not candidates:
-        return SolveResult(Status.NO_PLAN, lower_bound=bound, reason="no plan found within the time limit",
-                           stats=stats)
+        if failure is None or failure.cause == Cause.TIME_LIMIT:
+            return SolveResult(Status.NO_PLAN, lower_bound=bound, reason="no plan found within the time limit",
+                               stats=stats, no_plan=NoPlan(Cause.TIME_LIMIT))
+        return SolveResult(Status.NO_PLAN, lower_bound=bound, stats=stats, no_plan=failure, reason=(
+            "the only plan the solver found overflows memory (by its feasibility tolerance); no valid plan "
+            "was found"))
     best = min(candidates, key=lambda a: oracle.plan_cost(instance, a))
     objective = oracle.plan_cost(instance, best)
     if bound <= objective * (1 + OPTIMALITY_TOLERANCE):
@@ -99,16 +114,14 @@ def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers
 
     started = time.monotonic()
     start = exact_start(instance, oracle, budget, seed)
+    if start.proven(instance, oracle):
+        return _finish(instance, oracle, start.assignment, start.lower_bound, None, {"note": "the heuristic start "
+                       "meets the lower bound"})
     costs = oracle.table_costs(instance)
     n, k = instance.num_tables, instance.num_devices
-    if costs.sum() <= 0:
-        return _finish(instance, oracle, start.assignment, 0.0, None, {"note": "all costs are zero"})
-    scale = SCALED_TOTAL / costs.sum()
-    scaled = np.rint(costs * scale).astype(np.int64)
-    # True load × scale differs from the scaled load by the rounding of its tables; over any device that
-    # is at most the sum of the positive rounding errors, which is what the proven bound must give back.
-    rounding_slack = float(np.clip(scaled - costs * scale, 0, None).sum())
-    memory = np.array(instance.table_memory(), dtype=np.int64)
+    integer = IntegerCosts.of(costs)
+    scaled = integer.scaled
+    memory = instance.table_memory()
     capacity = instance.topology.memory_bytes
 
     model = cp_model.CpModel()
@@ -129,8 +142,8 @@ def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers
         model.Add(load == sum(int(scaled[t]) * x[t, d] for t in members))
         model.Add(load <= makespan)
         loads.append(load)
-        if memory.sum() > capacity:
-            model.Add(sum(int(memory[t]) * x[t, d] for t in members) <= capacity)
+        if sum(memory) > capacity:  # Python ints: exact whatever the sizes
+            model.Add(sum(memory[t] * x[t, d] for t in members) <= capacity)
     model.Minimize(makespan)
     if hint:
         for (t, d), var in x.items():
@@ -147,16 +160,46 @@ def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers
     if len(x) > 20000:
         solver.parameters.cp_model_probing_level = 0  # probing stalls on large models with few cores
     code = solver.Solve(model)
-    stats = {"cpsat_status": solver.StatusName(code), "scale": scale, "rounding_slack_units": rounding_slack,
-             "rounding_error_bound": rounding_slack / scale, "variables": len(x),
+    stats = {"cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
+             "rounding_slack_units": integer.slack, "rounding_error_bound": integer.to_cost(integer.slack),
+             "variables": len(x),
              "wall_time": solver.WallTime()}
     if code == cp_model.INFEASIBLE and not hint:
         return infeasible("CP-SAT proved that no placement fits the memory capacity")
+    if code == cp_model.MODEL_INVALID:
+        raise RuntimeError(f"CP-SAT rejected the model: {model.Validate()}")
     found = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         found = tuple(next(d for d in range(k) if (t, d) in x and solver.Value(x[t, d])) for t in range(n))
-    proven = (solver.BestObjectiveBound() - rounding_slack) / scale
+    proven = integer.to_cost(solver.BestObjectiveBound() - integer.slack)
     return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats)
+
+
+@dataclass(frozen=True)
+class IntegerCosts:
+    """Costs as integers for CP-SAT: cost / top × unit, rounded, where all costs together make SCALED_TOTAL
+    units. Dividing by the largest cost first makes tiny and huge costs scale alike. A device's true load
+    in units differs from its integer load by at most `slack` (the sum of the positive rounding errors),
+    which a proven bound must give back. All-zero costs give a pure feasibility model."""
+
+    scaled: np.ndarray
+    unit: float
+    top: float
+    slack: float
+
+    @classmethod
+    def of(cls, costs: np.ndarray) -> "IntegerCosts":
+        costs = np.asarray(costs, dtype=float)
+        top = float(costs.max(initial=0.0))
+        if top <= 0:
+            return cls(np.zeros(costs.size, dtype=np.int64), 1.0, 1.0, 0.0)
+        relative = costs / top
+        unit = SCALED_TOTAL / relative.sum()
+        scaled = np.rint(relative * unit).astype(np.int64)
+        return cls(scaled, unit, top, float(np.clip(scaled - relative * unit, 0, None).sum()))
+
+    def to_cost(self, units: float) -> float:
+        return units / self.unit * self.top
 
 
 # ---------------------------------------------------------------- MILP via PuLP
@@ -185,20 +228,24 @@ def _highs_with_start(time_limit: float, use_start: bool):
 _CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
 
 
-def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend: str) -> SolveResult:
+@dataclass(frozen=True)
+class MilpRun:
+    """One backend run: the plan it returned (if any), its proven bound in model units, PuLP's statuses."""
+
+    found: tuple[int, ...] | None
+    raw_bound: float | None
+    infeasible: bool
+    stats: dict
+
+
+def _milp_run(instance: Instance, start: ExactStart, c: np.ndarray, upper: float, unit: float, hint, backend: str,
+              time_limit: float, seed: int, memory_room: float) -> MilpRun:
+    """Builds and solves the placement MILP with every device's memory (in units of its capacity) held
+    to `memory_room`."""
     import pulp
 
-    started = time.monotonic()
-    start = exact_start(instance, oracle, budget, seed)
-    costs = oracle.table_costs(instance)
     n, k = instance.num_tables, instance.num_devices
-    unit = costs.sum() / k if costs.sum() > 0 else 1.0  # costs in units of the average load keep the LP well scaled
-    c = costs / unit
     memory = np.array(instance.table_memory(), dtype=float) / instance.topology.memory_bytes
-    hint = relabel(start.assignment, start.order) if start.assignment is not None else None
-    # A hair of room above the hint: CBC's presolve otherwise can round the hint itself out of the model.
-    upper = (float(np.bincount(hint, weights=c, minlength=k).max()) if hint else float(c.sum())) * (1 + 1e-7)
-
     problem = pulp.LpProblem("placement", pulp.LpMinimize)
     makespan = problem.add_variable("makespan", lowBound=min(start.lower_bound / unit, upper), upBound=upper)
     x = {}
@@ -211,16 +258,14 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
     for d in range(k):
         members = [int(t) for t in start.order[d:]]  # exactly the tables allowed on d
         problem += pulp.lpSum(float(c[t]) * x[t, d] for t in members) <= makespan
-        if memory.sum() > 1.0:
-            problem += pulp.lpSum(float(memory[t]) * x[t, d] for t in members) <= 1.0
+        if sum(instance.table_memory()) > instance.topology.memory_bytes:
+            problem += pulp.lpSum(float(memory[t]) * x[t, d] for t in members) <= memory_room
     if hint:
         for (t, d), var in x.items():
             var.setInitialValue(1.0 if hint[t] == d else 0.0)
         makespan.setInitialValue(upper)
-    remaining = max(1.0, budget.time_limit - (time.monotonic() - started))
-
     if backend == "highs":
-        solver = _highs_with_start(remaining, bool(hint))
+        solver = _highs_with_start(time_limit, bool(hint))
         problem.solve(solver)
         raw_bound = solver.dual_bound
     else:
@@ -229,7 +274,7 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
             with warnings.catch_warnings():
                 # PuLP 3.3 flags its bundled CBC for removal in 4.0; pyproject keeps PuLP below 3.4.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=remaining, gapRel=0.0, warmStart=bool(hint),
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, warmStart=bool(hint),
                                            threads=1, logPath=str(log), options=[f"randomSeed {seed + 1}"])
             problem.solve(solver)
             text = log.read_text() if log.exists() else ""
@@ -240,22 +285,64 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
             raw_bound = makespan.varValue
         else:
             raw_bound = float(progress[-1]) if progress else None
-    stats = {"backend": backend, "pulp_status": pulp.LpStatus[problem.status],
-             "solution_status": pulp.LpSolution[problem.sol_status], "variables": len(x)}
-    if problem.sol_status == pulp.LpSolutionInfeasible and not hint:
-        return infeasible(f"{backend} proved that no placement fits the memory capacity")
-    if problem.sol_status == pulp.LpSolutionInfeasible:
-        stats["note"] = "solver called the model infeasible although the heuristic start satisfies it"
+    stats = {"pulp_status": pulp.LpStatus[problem.status], "solution_status": pulp.LpSolution[problem.sol_status],
+             "variables": len(x)}
+    # CBC reports a proven infeasibility in the problem status while the solution status only says
+    # "no solution"; HiGHS sets both.
+    infeasible_model = problem.sol_status == pulp.LpSolutionInfeasible or problem.status == pulp.LpStatusInfeasible
     found = None
     if problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         values = {key: var.varValue or 0.0 for key, var in x.items()}
         found = tuple(max((d for d in range(k) if (t, d) in x), key=lambda d: values[t, d]) for t in range(n))
-        if max(Plan(instance.id, found).memory_per_device(instance)) > instance.topology.memory_bytes:
-            found = None  # a start rounded off an LP tolerance can overflow memory by a hair: do not report it
+    return MilpRun(found, raw_bound, infeasible_model, stats)
+
+
+def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend: str) -> SolveResult:
+    started = time.monotonic()
+    start = exact_start(instance, oracle, budget, seed)
+    if start.proven(instance, oracle):
+        return _finish(instance, oracle, start.assignment, start.lower_bound, None, {"backend": backend, "note":
+                       "the heuristic start meets the lower bound"})
+    costs = oracle.table_costs(instance)
+    k = instance.num_devices
+    unit = costs.sum() / k if costs.sum() > 0 else 1.0  # costs in units of the average load keep the LP well scaled
+    c = costs / unit
+    hint = relabel(start.assignment, start.order) if start.assignment is not None else None
+    # A hair of room above the hint: CBC's presolve otherwise can round the hint itself out of the model.
+    upper = (float(np.bincount(hint, weights=c, minlength=k).max()) if hint else float(c.sum())) * (1 + 1e-7)
+    capacity = instance.topology.memory_bytes
+
+    def remaining() -> float:
+        return max(1.0, budget.time_limit - (time.monotonic() - started))
+
+    run = _milp_run(instance, start, c, upper, unit, hint, backend, remaining(), seed, 1.0)
+    stats = {"backend": backend, **run.stats}
+    if run.infeasible and not hint:
+        return infeasible(f"{backend} proved that no placement fits the memory capacity")
+    if run.infeasible:
+        stats["note"] = "solver called the model infeasible although the heuristic start satisfies it"
+    found, raw_bound, failure = run.found, run.raw_bound, None
+    if found is not None:
+        over = max(Plan(instance.id, found).memory_per_device(instance)) - capacity
+        if over > 0:
+            # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
+            # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
+            stats["first_plan_overflow_bytes"] = int(over)
+            failure = NoPlan(Cause.OVERFLOW, plan=found)
+            retry = _milp_run(instance, start, c, upper, unit, hint, backend, remaining(), seed,
+                              1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE))
+            stats["retry_status"] = retry.stats["solution_status"]
+            found = retry.found
+            if found is not None and max(Plan(instance.id, found).memory_per_device(instance)) > capacity:
+                found = None
     usable = raw_bound is not None and np.isfinite(raw_bound)
     proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0
     stats["solver_bound"] = proven
-    return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats)
+    ran_out = time.monotonic() - started >= TIME_LIMIT_SLACK * budget.time_limit
+    if found is None and hint is None and failure is None and not ran_out:
+        raise RuntimeError(f"{backend} stopped after {time.monotonic() - started:.2f} s without a plan or a "
+                           f"verdict (status {stats['pulp_status']}, solution {stats['solution_status']})")
+    return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats, failure)
 
 
 @register("milp-cbc", "MILP via PuLP with CBC, MIP start from the best heuristic", exact=True, needs_additive=True)

@@ -32,7 +32,7 @@ from costmodels.neural import (
 )
 from instances import Instance
 
-from .base import Budget, MemoryTracker, SolveResult, Status
+from .base import Budget, Cause, MemoryTracker, NoPlan, SolveResult, Status
 
 ALGORITHMS = ("autoshard", "dreamshard")
 ENTROPY_COST = 0.001
@@ -101,7 +101,8 @@ class ShardingMDP:
             assignment[table] = device
         episode.assignment = tuple(int(d) for d in assignment)
         capacity = self.instance.topology.memory_bytes
-        episode.overflow = float(max(0.0, ((capacity - memory.free) / capacity - 1).max()))
+        # Exact bytes decide whether it overflows; the penalty is the worst device's excess share.
+        episode.overflow = float(max(0, -int(memory.free.min())) / capacity)
         return episode
 
 
@@ -370,9 +371,10 @@ def shipped_policy_path(algorithm: str) -> Path:
 def policy_plan(instance: Instance, path: Path) -> SolveResult:
     algorithm, policy, model, _ = load_policy(path)
     episode = play(ShardingMDP(instance, model), policy, algorithm, None)
-    if episode.overflow > 0:
+    if episode.overflow > 0:  # any byte over capacity makes this positive
         return SolveResult(Status.NO_PLAN, reason=f"the policy's plan overflows memory by {episode.overflow:.1%} on "
-                                                 "its worst device (no legal device was left for a table)")
+                                                 "its worst device (no legal device was left for a table)",
+                           no_plan=NoPlan(Cause.OVERFLOW, plan=episode.assignment))
     return SolveResult(Status.FEASIBLE, assignment=episode.assignment)
 
 

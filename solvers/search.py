@@ -12,7 +12,9 @@ from instances import Instance
 
 from .base import (
     Budget,
+    Cause,
     MemoryTracker,
+    NoPlan,
     SolveResult,
     Status,
     register,
@@ -164,6 +166,7 @@ def random_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int)
             best, best_value = result.assignment, value
     stats = {"samples": samples, "dead_ends": dead_ends}
     if best is None:
-        return SolveResult(Status.NO_PLAN, reason=f"all {samples} random samples hit a memory dead end", stats=stats)
+        return SolveResult(Status.NO_PLAN, reason=f"all {samples} random samples hit a memory dead end (not a proof)",
+                           stats=stats, no_plan=NoPlan(Cause.SAMPLING, samples=samples))
     return SolveResult(Status.FEASIBLE, assignment=best, stats=stats)
 

@@ -1,15 +1,32 @@
-"""Shared hypothesis strategies and helpers for small random instances."""
+"""Shared hypothesis profiles, strategies and helpers for small random instances.
+
+Profiles: `ci` (the default) is derandomized, so a verdict is the same on every machine; `deep`
+(HYPOTHESIS_PROFILE=deep, `make test-deep`) draws fresh examples, DEEP_FACTOR times as many."""
 from __future__ import annotations
 
 import itertools
 import os
 
 import numpy as np
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from instances import Instance, Table, Topology, Workload
 
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+DEEP_FACTOR = 5
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("deep", derandomize=False, database=None, deadline=None, print_blob=True)
+PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
+settings.load_profile(PROFILE)
+
+
+def examples(count: int, fixture_constant: bool = False) -> settings:
+    """Per-test example count, scaled up under the deep profile. `fixture_constant` says that the test's
+    function-scoped fixtures do not change between examples."""
+    checks = [HealthCheck.function_scoped_fixture] if fixture_constant else []
+    return settings(max_examples=count * (DEEP_FACTOR if PROFILE == "deep" else 1), suppress_health_check=checks)
 
 
 def make_table(name: str, rows: int, dim: int, pooling: float, dtype_bytes: int = 2) -> Table:

@@ -93,7 +93,7 @@ def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
     stored = read_records(suite.results)
     assert len(stored) == len(first) == 8
     lines = suite.results.read_text().splitlines()
-    suite.results.write_text("\n".join(lines[:5]) + "\n" + lines[5][:10] + "\n")  # a sweep killed mid-write
+    suite.results.write_text("\n".join(lines[:5]) + "\n" + lines[5][:10])  # a sweep killed mid-write
     second = run_suite(suite, quiet=True)
     assert len(second) == 8 and len(read_records(suite.results)) == 8
     assert [r["assignment"] for r in second if r["solver"] == "lpt"] == \
@@ -161,6 +161,8 @@ def test_cli_errors_exit_nonzero_without_output(tmp_path, capsys):
     assert main(["instances", "validate", str(tmp_path / "bad.json")]) == 2
     assert "tables: must hold at least one table" in capsys.readouterr().err
     assert main(["instances", "sample", "--tables", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "--tables: must be >= 1" in capsys.readouterr().err and not (tmp_path / "s").exists()
+    assert main(["instances", "sample", "--tables", "900", "--out", str(tmp_path / "s")]) == 2
     assert "num_tables" in capsys.readouterr().err and not (tmp_path / "s").exists()
 
 

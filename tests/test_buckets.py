@@ -3,7 +3,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from conftest import examples
+from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.cli import main
@@ -44,7 +45,7 @@ def _brute_force_partition(loads, parts):
     return best
 
 
-@settings(max_examples=80, deadline=None)
+@examples(80)
 @given(st.lists(st.integers(0, 50), min_size=1, max_size=9), st.integers(1, 4))
 def test_optimal_partition_matches_brute_force_on_integers(loads, parts):
     loads = np.array(loads, dtype=np.int64)
@@ -53,7 +54,7 @@ def test_optimal_partition_matches_brute_force_on_integers(loads, parts):
     assert range_loads(loads, bounds).max() == _brute_force_partition(loads, parts)
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(st.lists(st.floats(0.0, 10.0), min_size=1, max_size=9), st.integers(1, 4))
 def test_optimal_partition_matches_brute_force_on_reals(loads, parts):
     loads = np.array(loads)
@@ -67,7 +68,7 @@ def test_even_split_differs_by_at_most_one_bucket(buckets, parts):
     assert sizes.sum() == buckets and sizes.max() - sizes.min() <= 1
 
 
-@settings(max_examples=60, deadline=None)
+@examples(60)
 @given(st.lists(st.integers(0, 20), min_size=2, max_size=12), st.integers(1, 4), st.integers(1, 4))
 def test_resharding_moves_the_minimum(rows, old, new):
     rows = np.array(rows)

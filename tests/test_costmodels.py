@@ -2,8 +2,8 @@ import math
 
 import numpy as np
 import pytest
-from conftest import make_instance, small_instances
-from hypothesis import given, settings
+from conftest import examples, make_instance, small_instances
+from hypothesis import given
 from hypothesis import strategies as st
 
 from costmodels import UnknownOracleError, get_oracle, heuristic_costs, oracle_names
@@ -24,7 +24,7 @@ def test_unknown_oracle_lists_the_known_ones():
     assert {"size", "dim", "lookup", "size-lookup"} <= set(oracle_names())
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(small_instances(tight=False), st.sampled_from(["size", "dim", "lookup", "size-lookup"]), st.data())
 def test_additive_state_and_breakdown_agree(instance, name, data):
     oracle = get_oracle(name)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
-from conftest import brute_force_optimum, make_instance, small_instances
-from hypothesis import given, settings
+from conftest import brute_force_optimum, examples, make_instance, small_instances
+from hypothesis import given
 from hypothesis import strategies as st
 from test_costmodels import SquareRootOracle
 
@@ -23,7 +23,7 @@ EXACT = ["cpsat", "milp-cbc", "milp-highs"]
 QUICK = Budget(10.0, max_rounds=20)
 
 
-@settings(max_examples=25, deadline=None)
+@examples(25)
 @given(small_instances(max_tables=7, max_devices=3), st.sampled_from(["lookup", "size-lookup"]))
 def test_exact_solvers_find_the_brute_force_optimum(instance, oracle_name):
     oracle = get_oracle(oracle_name)
@@ -63,7 +63,7 @@ def test_cpsat_states_its_rounding_error(medium_instance):
     assert 0 <= error <= 0.5 * medium_instance.num_tables / result.stats["scale"]
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(small_instances(max_tables=10, max_devices=4), st.sampled_from(["size", "lookup", "size-lookup"]))
 def test_every_bound_is_below_every_objective(instance, oracle_name):
     oracle = get_oracle(oracle_name)
@@ -86,7 +86,7 @@ def test_lp_relaxation_is_none_only_without_room():
     assert lp_relaxation_bound(costs, np.array([1, 1, 1]), 4, 2) == pytest.approx(3.0)
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(small_instances(max_tables=12, max_devices=4), st.integers(0, 5))
 def test_local_search_never_worsens_its_start_nor_breaks_memory(instance, seed):
     oracle = get_oracle("lookup")

@@ -3,7 +3,8 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from conftest import examples
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import solvers.flexshard as flexshard_module
@@ -94,7 +95,7 @@ def _brute_force_least_comm(tables, params, extra):
     return best
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(st.lists(small_probabilities, min_size=1, max_size=2), tiny_params, st.floats(0.0, 5e4),
        st.sampled_from([16, 32]))
 def test_budgeted_hybrid_matches_brute_force(probabilities, params, extra, dim):
@@ -107,7 +108,7 @@ def test_budgeted_hybrid_matches_brute_force(probabilities, params, extra, dim):
     assert shard.rows.weight(hybrid, shard.lines["DP:memory"]) <= extra * (1 + 1e-12) + 1e-9
 
 
-@settings(max_examples=30, deadline=None)
+@examples(30)
 @given(st.lists(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=40), min_size=1, max_size=3), tiny_params,
        st.lists(st.floats(0.0, 1e5), min_size=2, max_size=6))
 def test_frontier_is_monotone_in_the_memory_budget(probabilities, params, budgets):
@@ -122,7 +123,7 @@ def grid(request, monkeypatch):
     return request.param
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # grid is constant
+@examples(25, fixture_constant=True)  # grid is constant
 @given(st.lists(st.lists(st.floats(0.0, 1.0), min_size=1, max_size=300), min_size=1, max_size=3),
        st.integers(2, 64), st.sampled_from([0.6, 1.0, 1.4]))
 def test_two_and_three_tier_invariants(grid, probabilities, batch, ratio):

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_instance, small_instances
-from hypothesis import given, settings
+from conftest import examples, make_instance, small_instances
+from hypothesis import given
 from hypothesis import strategies as st
 
 from instances import (
@@ -38,7 +38,7 @@ def test_pool_matches_published_statistics():
     assert sum(p == 0 for p in pooling) == 36
 
 
-@settings(max_examples=40, deadline=None)
+@examples(40)
 @given(small_instances())
 def test_json_round_trip_is_identity(instance):
     once = instance_from_dict(json.loads(json.dumps(instance_to_dict(instance))))

@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import make_instance
-from hypothesis import given, settings
+from conftest import examples, make_instance
+from hypothesis import given
 from hypothesis import strategies as st
 
 import costmodels.measured as measured_module
@@ -149,7 +149,7 @@ def test_neural_cost_is_invariant_to_table_order_and_survives_save_load(kind, tm
         assert loaded.device_cost(instance, tables).total == oracle.device_cost(instance, tables).total
 
 
-@settings(max_examples=20, deadline=None)
+@examples(20)
 @given(st.lists(st.integers(0, 2), min_size=5, max_size=5), st.sampled_from(["autoshard", "dreamshard"]))
 def test_neural_device_state_adds_and_subtracts_embeddings(assignment, kind):
     torch.manual_seed(1)

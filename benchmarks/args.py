@@ -1,0 +1,40 @@
+"""Argument types and the parser of the command line: bad arguments are reported in one line naming the
+argument and the reason, with exit status 2."""
+from __future__ import annotations
+
+import argparse
+import math
+
+from solvers import MAX_SEED, MAX_TIME_LIMIT
+
+EXIT_ERROR = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports a bad argument in one line (no usage block) and exits 2."""
+
+    def error(self, message: str):
+        self.exit(EXIT_ERROR, f"error: {self.prog}: {message}\n")
+
+
+def number(kind, low=None, high=None, low_open=False, what="value"):
+    """An argparse type: a finite `kind` within [low, high] (or (low, high] when low_open)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if kind is float and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"must be finite, got {text!r}")
+        if low is not None and (value <= low if low_open else value < low):
+            raise argparse.ArgumentTypeError(f"must be {'>' if low_open else '>='} {low:g}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text}")
+        return value
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
+
+
+TIME_LIMIT = number(float, 0, MAX_TIME_LIMIT, low_open=True, what="seconds")
+SEED = number(int, 0, MAX_SEED, what="seed")
+POSITIVE = number(int, 1, what="count")
