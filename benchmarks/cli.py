@@ -11,7 +11,6 @@ import numpy as np
 from costmodels import UnknownOracleError, get_oracle, oracle_names
 from instances import (
     InstanceError,
-    Plan,
     PlanError,
     load_instance,
     load_instances,
@@ -125,17 +124,17 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         if result.lower_bound is not None:
             bounds["best"] = result.lower_bound
         print("  lower bounds: " + ", ".join(f"{k} {v:.6g}" for k, v in bounds.items()))
-    if result.assignment is None:
+    if result.plan is None:
         return EXIT_NO_PLAN
-    costs = [c.total for c in oracle.device_costs(instance, result.assignment)]
+    costs = [c.total for c in oracle.device_costs(instance, result.plan)]
     gap = gap_to_bound(result.objective, result.lower_bound) if result.lower_bound is not None else None
     print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance "
           f"{min(costs) / max(costs) if max(costs) > 0 else 1.0:.3f}")
     if gap is not None:
         print(f"  gap to best lower bound: {100 * gap:.4f} %")
     if args.output:
-        plan = Plan(instance.id, result.assignment)
-        save_plan(plan, instance, args.output, extra={
+        plan = result.plan
+        save_plan(plan, instance, args.output, report={
             "solver": args.solver, "oracle": oracle.name, "status": result.status.value, "seed": args.seed,
             "time_limit": args.time_limit, "objective": result.objective, "lower_bound": result.lower_bound,
             "gap": gap, "device_costs": costs, "memory_per_device": list(plan.memory_per_device(instance))})

@@ -84,7 +84,7 @@ def _bench(suite: Path) -> subprocess.Popen:
 
 
 def _deterministic(records: list[dict]) -> dict:
-    return {cell_key(r): (r["status"], r.get("objective"), tuple(r.get("assignment") or ())) for r in records}
+    return {cell_key(r): (r["status"], r.get("objective"), json.dumps(r.get("plan"))) for r in records}
 
 
 def _board(records: list[dict]) -> list:
@@ -150,7 +150,7 @@ def second_process(work: Path) -> list[str]:
 
 
 def misbehaving(work: Path) -> list[str]:
-    from solvers.base import SolveResult, Status, register
+    from solvers.base import planned, register
 
     from .runner import run_suite
     from .suite import load_suite
@@ -165,7 +165,7 @@ def misbehaving(work: Path) -> list[str]:
         os._exit(9)
 
     def cheats(instance, oracle, budget, seed):
-        return SolveResult(Status.FEASIBLE, assignment=(0,) * instance.num_tables)
+        return planned(instance, (0,) * instance.num_tables)
 
     names = {"r-raises": raises, "r-hangs": hangs, "r-dies": dies, "r-cheats": cheats}
     for name, fn in names.items():

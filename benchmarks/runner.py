@@ -26,7 +26,8 @@ from rich.progress import (
 )
 
 from costmodels import get_oracle
-from instances import Instance, Plan, load_instances
+from instances import Instance, load_instances
+from instances.sharding import compact
 from solvers import Budget, best_additive_lower_bound, get_solver, run_solver
 
 from .metrics import degree_of_balance
@@ -99,12 +100,13 @@ def execute_cell(cell: Cell) -> dict:
               "stats": dict(result.stats), "num_tables": instance.num_tables, "num_devices": instance.num_devices,
               "instance_bound": (best_additive_lower_bound(judge.table_costs(instance), instance.num_devices)
                                  if judge.additive else None)}
-    if result.assignment is not None:
-        costs = [c.total for c in judge.device_costs(instance, result.assignment)]
-        memory = list(Plan(instance.id, result.assignment).memory_per_device(instance))
+    if result.plan is not None:
+        costs = [c.total for c in judge.device_costs(instance, result.plan)]
+        memory = list(result.plan.memory_per_device(instance))
         record.update(objective=max(costs), device_costs=costs, balance=degree_of_balance(costs),
                       memory_per_device=memory, peak_memory=max(memory),
-                      memory_capacity=instance.topology.memory_bytes, assignment=list(result.assignment))
+                      memory_capacity=instance.topology.memory_bytes, sharding=result.plan.sharding_types(),
+                      plan=compact(result.plan, instance))
     return record
 
 

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Callable
 
 from .analytic import AnalyticOracle
-from .base import AdditiveOracle, DeviceCost, DeviceState, NotAdditiveError, Oracle
+from .base import (
+    AdditiveOracle,
+    DeviceCost,
+    DeviceState,
+    NotAdditiveError,
+    Oracle,
+    Priced,
+)
 from .heuristic import HEURISTIC_COSTS, HeuristicOracle, heuristic_costs
 
 
@@ -57,5 +64,5 @@ def get_oracle(name: str) -> Oracle:
 
 __all__ = [
     "AdditiveOracle", "AnalyticOracle", "DeviceCost", "DeviceState", "HEURISTIC_COSTS", "HeuristicOracle", "NotAdditiveError",
-    "Oracle", "UnknownOracleError", "get_oracle", "heuristic_costs", "oracle_names", "register_oracle",
+    "Oracle", "Priced", "UnknownOracleError", "get_oracle", "heuristic_costs", "oracle_names", "register_oracle",
 ]

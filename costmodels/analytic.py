@@ -1,22 +1,30 @@
-"""An analytic bandwidth model of a device's embedding time: forward lookups and backward updates from
-bytes moved over memory bandwidth, and the forward/backward all-to-all of pooled (or sequence) outputs over
-the topology's intra- and inter-node links. Additive per table, so exact solvers can use it.
+"""An analytic bandwidth model of a device's embedding time, per piece of a table, additive so that exact
+solvers can use it: forward lookups and backward updates from bytes moved over memory bandwidth, and the
+collectives each sharding type needs over the topology's links (nodes × devices per node; intra-node
+links inside a node, inter-node links between nodes):
+- table- and column-wise: the pieces' outputs go to every sample's device over all-to-all, and come back
+  as gradients the same way;
+- row-wise: each row shard computes partial pooled outputs for every sample of the global batch and
+  reduce-scatters them over all devices (gradients: all-gather);
+- table-row-wise: the partial outputs are reduce-scattered inside the node first, then each device sends
+  its share of the samples to their devices;
+- data-parallel: a replica computes only its own device's samples and all-reduces the table's gradient
+  (within the node, then across nodes).
 
 Defaults follow TorchRec's published planner constants (torchrec/distributed/planner/constants.py):
 HBM 897 GB/s with a 1.5× factor for the fused TBE kernel, DDR 51 GB/s for CPU devices, backward = 2 ×
-forward compute; the link bandwidths come from the instance's topology (TorchRec's own defaults there are
-600 GB/s intra-node and 12.5 GB/s across nodes)."""
+forward compute; link bandwidths come from the instance's topology."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from instances import Instance
 from instances.model import DTYPE_BYTES
+from instances.pieces import Pieces
 
-from .base import AdditiveOracle, DeviceCost
+from .base import AdditiveOracle
 
 GB = 1024**3
 
@@ -31,7 +39,8 @@ class AnalyticConstants:
 
 class AnalyticOracle(AdditiveOracle):
     name = "analytic"
-    description = "bandwidth model: lookups/updates over memory bandwidth + all-to-all over the topology (TorchRec constants)"
+    description = ("bandwidth model per piece: lookups/updates over memory bandwidth + each sharding type's "
+                   "collectives over intra-/inter-node links (TorchRec constants)")
     unit = "s"
     has_breakdown = True
 
@@ -39,40 +48,56 @@ class AnalyticOracle(AdditiveOracle):
         self.constants = constants
 
     def table_breakdown(self, instance: Instance) -> np.ndarray:
-        """Per table: forward compute, backward compute, forward comm, backward comm (seconds)."""
+        """Per whole table: forward compute, backward compute, forward comm, backward comm (seconds)."""
+        return self.piece_breakdown(instance, Pieces.table_wise(instance))
+
+    def piece_breakdown(self, instance: Instance, pieces: Pieces) -> np.ndarray:
+        """Per piece: forward compute, backward compute, forward comm, backward comm (seconds)."""
         c = self.constants
         topo, work = instance.topology, instance.workload
-        k = instance.num_devices
-        global_batch = work.batch_size * k
+        k, per_node = instance.num_devices, topo.devices_per_node
+        batch, global_batch = work.batch_size, work.batch_size * k
         out_bytes = DTYPE_BYTES[work.dtype]
-        memory_bw = (c.hbm_bandwidth * c.fused_kernel_factor if topo.device_kind != "cpu" else c.ddr_bandwidth)
-        pooling = np.array([t.pooling_factor for t in instance.tables])
-        dim = np.array([t.dim for t in instance.tables], dtype=float)
-        elem = np.array([t.dtype_bytes for t in instance.tables], dtype=float)
-        outputs_per_sample = np.where([t.pooled for t in instance.tables], 1.0, pooling)
-        read = global_batch * pooling * dim * elem
-        written = global_batch * outputs_per_sample * dim * out_bytes
-        forward = (read + written) / memory_bw
+        memory_bw = c.hbm_bandwidth * c.fused_kernel_factor if topo.device_kind != "cpu" else c.ddr_bandwidth
+        tables = instance.tables
+        pooling = np.array([t.pooling_factor for t in tables])[pieces.table]
+        elem = np.array([t.dtype_bytes for t in tables], dtype=float)[pieces.table]
+        pooled = np.array([t.pooled for t in tables])[pieces.table]
+        width = pieces.width.astype(float)
+        share = pieces.lookup_share(instance)
+        kind = {name: pieces.is_kind(name) for name in ("row_wise", "table_row_wise", "data_parallel")}
+        split_rows = kind["row_wise"] | kind["table_row_wise"]
+        replica = kind["data_parallel"]
+
+        lookups = global_batch * pooling * share  # rows read by this piece in a step
+        # Outputs written: pooled pieces one vector per sample they serve (row shards: partial sums for
+        # every sample); sequence pieces one per lookup.
+        samples = np.where(replica, batch, global_batch)
+        written = np.where(pooled, samples, lookups) * width * out_bytes
+        forward = (lookups * width * elem + written) / memory_bw
         backward = c.backward_multiplier * forward
-        # Each device ships the outputs of its tables for every other device's samples; of those peers,
-        # (W-1) share its node. Both links run at once, so the slower share sets the time, and since both
-        # shares are fixed fractions of the same bytes the result stays additive over tables.
-        sent = work.batch_size * outputs_per_sample * dim * out_bytes
-        intra_peers = topo.devices_per_node - 1
-        inter_peers = k - topo.devices_per_node
-        comm = np.maximum(sent * intra_peers / topo.intra_node_a2a_bw, sent * inter_peers / topo.inter_node_a2a_bw)
-        return np.stack([forward, backward, comm, comm], axis=1)
 
-    def table_costs(self, instance: Instance) -> np.ndarray:
-        return self.table_breakdown(instance).sum(axis=1)
+        def all_to_all(per_peer: np.ndarray) -> np.ndarray:
+            """Each device sends `per_peer` bytes to every other device; of those peers, W-1 share its node.
+            Both links run at once, so the slower share sets the time."""
+            return np.maximum(per_peer * (per_node - 1) / topo.intra_node_a2a_bw,
+                              per_peer * (k - per_node) / topo.inter_node_a2a_bw)
 
-    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
-        parts = self.table_breakdown(instance)[list(tables)].sum(axis=0)
-        return DeviceCost.from_parts(*(float(x) for x in parts))
-
-    def device_costs(self, instance: Instance, assignment: Sequence[int]) -> tuple[DeviceCost, ...]:
-        breakdown = self.table_breakdown(instance)
-        assignment = np.asarray(assignment, dtype=np.int64)
-        per_device = [np.bincount(assignment, weights=breakdown[:, j], minlength=instance.num_devices) for j in range(4)]
-        return tuple(DeviceCost.from_parts(*(float(per_device[j][d]) for j in range(4)))
-                     for d in range(instance.num_devices))
+        # What one device's samples need from this piece: their pooled outputs (a row shard's partial
+        # sums), or their lookups' outputs for sequence tables.
+        per_peer = np.where(pooled, batch, batch * pooling * np.where(split_rows, share, 1.0)) * width * out_bytes
+        comm = all_to_all(per_peer)
+        # Table-row-wise: the partial sums meet inside the node first (reduce-scatter over the node's W
+        # devices), then each device forwards its 1/W of the samples.
+        node_reduce = np.where(pooled, global_batch * width * out_bytes * (per_node - 1) / per_node, 0.0)
+        twrw = node_reduce / topo.intra_node_a2a_bw + all_to_all(np.where(pooled, per_peer / per_node, per_peer))
+        comm = np.where(kind["table_row_wise"], twrw, comm)
+        # Data-parallel: no all-to-all; the gradient of the whole table is all-reduced (ring inside the
+        # node, then across nodes on the node's 1/W slice).
+        gradient = (pieces.rows * width * elem).astype(float)
+        allreduce = 2 * gradient * (per_node - 1) / per_node / topo.intra_node_a2a_bw
+        if topo.nodes > 1:
+            allreduce = allreduce + 2 * gradient / per_node * (topo.nodes - 1) / topo.nodes / topo.allreduce_cross_node_bw
+        forward_comm = np.where(replica, 0.0, comm)
+        backward_comm = np.where(replica, allreduce, comm)
+        return np.stack([forward, backward, forward_comm, backward_comm], axis=1)

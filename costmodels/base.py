@@ -1,5 +1,8 @@
-"""The cost-oracle protocol: the per-device cost breakdown of a plan, an additive per-table fast path
-for exact solvers, and an incremental device state for greedy, local search and RL."""
+"""The cost-oracle protocol. An oracle binds once to an instance and the pieces that devices may hold
+(`bind`), and the bound oracle serves what solvers and judges ask: each piece's memory, a device's cost
+breakdown, an incremental device state for greedy, local search and RL, and — for additive oracles — each
+piece's cost, whose sums are device costs (what exact solvers need). Whole plans and table-wise questions
+are conveniences on top."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -8,7 +11,8 @@ from typing import Sequence
 
 import numpy as np
 
-from instances import Instance
+from instances import Instance, Plan
+from instances.pieces import Pieces
 
 
 @dataclass(frozen=True)
@@ -31,11 +35,11 @@ class DeviceCost:
 
 
 class NotAdditiveError(TypeError):
-    """Raised when a solver asks a non-additive oracle for per-table costs."""
+    """Raised when a solver asks a non-additive oracle for per-piece costs."""
 
 
 class Oracle(ABC):
-    """Judges plans. A device's cost depends only on the tables placed on it."""
+    """Judges plans. A device's cost depends only on the pieces placed on it."""
 
     name: str = ""
     description: str = ""
@@ -43,68 +47,162 @@ class Oracle(ABC):
     additive: bool = False
     has_breakdown: bool = False
 
+    def bind(self, instance: Instance, pieces: Pieces) -> "Priced":
+        return RecomputingPriced(self, instance, pieces)
+
     @abstractmethod
-    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
-        """Cost of one device holding `tables` (indices into instance.tables)."""
+    def price_device(self, instance: Instance, pieces: Pieces, members: Sequence[int]) -> DeviceCost:
+        """Cost of one device holding `members` (indices into `pieces`)."""
 
-    def device_costs(self, instance: Instance, assignment: Sequence[int]) -> tuple[DeviceCost, ...]:
-        groups: list[list[int]] = [[] for _ in range(instance.num_devices)]
-        for table, device in enumerate(assignment):
-            groups[device].append(table)
-        return tuple(self.device_cost(instance, g) for g in groups)
+    # ------------------------------------------------------------ whole plans
 
-    def plan_cost(self, instance: Instance, assignment: Sequence[int]) -> float:
-        return max(c.total for c in self.device_costs(instance, assignment))
+    def device_costs(self, instance: Instance, plan: Plan) -> tuple[DeviceCost, ...]:
+        pieces, devices = Pieces.of_plan(instance, plan)
+        return self.bind(instance, pieces).device_costs(devices)
+
+    def plan_cost(self, instance: Instance, plan: Plan) -> float:
+        return max(c.total for c in self.device_costs(instance, plan))
+
+    # ------------------------------------------------------------ table-wise conveniences
+
+    def table_wise(self, instance: Instance) -> "Priced":
+        return self.bind(instance, Pieces.table_wise(instance))
 
     def table_costs(self, instance: Instance) -> np.ndarray:
         """Per-table costs whose sum is a device's cost; only additive oracles have them."""
-        raise NotAdditiveError(f"oracle {self.name!r} is not additive: it has no per-table costs")
+        return self.table_wise(instance).costs
 
     def single_table_costs(self, instance: Instance) -> np.ndarray:
         """Each table's cost alone on a device (what greedy orders sort by)."""
-        return np.array([self.device_cost(instance, [t]).total for t in range(instance.num_tables)])
+        return self.table_wise(instance).single_costs()
+
+    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
+        """Cost of a device holding these whole tables."""
+        return self.table_wise(instance).device_cost(tables)
 
     def new_state(self, instance: Instance) -> "DeviceState":
-        return RecomputingDeviceState(self, instance)
+        return self.table_wise(instance).new_state()
 
 
-class AdditiveOracle(Oracle):
-    """A device's cost is the sum of its tables' costs."""
+class Priced(ABC):
+    """An oracle bound to an instance and a set of pieces."""
+
+    additive = False
+
+    def __init__(self, instance: Instance, pieces: Pieces):
+        self.instance, self.pieces = instance, pieces
+        self.memory = pieces.memory(instance)
+
+    @property
+    def num_devices(self) -> int:
+        return self.instance.num_devices
+
+    @property
+    def costs(self) -> np.ndarray:
+        raise NotAdditiveError("this oracle is not additive: it has no per-piece costs")
+
+    @abstractmethod
+    def device_cost(self, members: Sequence[int]) -> DeviceCost: ...
+
+    def device_costs(self, devices: np.ndarray) -> tuple[DeviceCost, ...]:
+        """Every device's cost when piece p sits on devices[p] (-1: not placed)."""
+        devices = np.asarray(devices)
+        return tuple(self.device_cost(np.flatnonzero(devices == d)) for d in range(self.num_devices))
+
+    def single_costs(self) -> np.ndarray:
+        return np.array([self.device_cost([p]).total for p in range(len(self.pieces))])
+
+    def new_state(self) -> "DeviceState":
+        return RecomputingDeviceState(self)
+
+
+class AdditivePriced(Priced):
+    """A device's cost is the sum of its pieces' costs (with their breakdown where the oracle has one)."""
 
     additive = True
 
-    @abstractmethod
-    def table_costs(self, instance: Instance) -> np.ndarray: ...
+    def __init__(self, instance: Instance, pieces: Pieces, breakdown: np.ndarray | None = None,
+                 costs: np.ndarray | None = None):
+        super().__init__(instance, pieces)
+        self.breakdown = breakdown
+        self._costs = breakdown.sum(axis=1) if breakdown is not None else np.asarray(costs, dtype=float)
 
-    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
-        return DeviceCost(total=float(self.table_costs(instance)[list(tables)].sum()))
+    @property
+    def costs(self) -> np.ndarray:
+        return self._costs
 
-    def device_costs(self, instance: Instance, assignment: Sequence[int]) -> tuple[DeviceCost, ...]:
-        loads = np.bincount(np.asarray(assignment, dtype=np.int64), weights=self.table_costs(instance),
-                            minlength=instance.num_devices)
-        return tuple(DeviceCost(total=float(x)) for x in loads)
+    def device_cost(self, members: Sequence[int]) -> DeviceCost:
+        members = list(members)
+        if self.breakdown is None:
+            return DeviceCost(total=float(self._costs[members].sum()))
+        return DeviceCost.from_parts(*(float(x) for x in self.breakdown[members].sum(axis=0)))
 
-    def single_table_costs(self, instance: Instance) -> np.ndarray:
-        return self.table_costs(instance)
+    def device_costs(self, devices: np.ndarray) -> tuple[DeviceCost, ...]:
+        devices = np.asarray(devices, dtype=np.int64)
+        placed = devices >= 0
+        k = self.num_devices
+        if self.breakdown is None:
+            loads = np.bincount(devices[placed], weights=self._costs[placed], minlength=k)
+            return tuple(DeviceCost(total=float(x)) for x in loads)
+        parts = [np.bincount(devices[placed], weights=self.breakdown[placed, j], minlength=k) for j in range(4)]
+        return tuple(DeviceCost.from_parts(*(float(parts[j][d]) for j in range(4))) for d in range(k))
 
-    def new_state(self, instance: Instance) -> "DeviceState":
-        return AdditiveDeviceState(self.table_costs(instance), instance.num_devices)
+    def single_costs(self) -> np.ndarray:
+        return self._costs
+
+    def new_state(self) -> "DeviceState":
+        return AdditiveDeviceState(self._costs, self.num_devices)
+
+
+class AdditiveOracle(Oracle):
+    """A device's cost is the sum of its pieces' costs. Subclasses give `piece_costs`, or `piece_breakdown`
+    (forward/backward compute and communication per piece) when they model time."""
+
+    additive = True
+
+    def piece_costs(self, instance: Instance, pieces: Pieces) -> np.ndarray:
+        return self.piece_breakdown(instance, pieces).sum(axis=1)
+
+    def piece_breakdown(self, instance: Instance, pieces: Pieces) -> np.ndarray:
+        raise NotImplementedError
+
+    def bind(self, instance: Instance, pieces: Pieces) -> Priced:
+        if self.has_breakdown:
+            return AdditivePriced(instance, pieces, breakdown=self.piece_breakdown(instance, pieces))
+        return AdditivePriced(instance, pieces, costs=self.piece_costs(instance, pieces))
+
+    def price_device(self, instance: Instance, pieces: Pieces, members: Sequence[int]) -> DeviceCost:
+        return self.bind(instance, pieces).device_cost(members)
+
+
+class RecomputingPriced(Priced):
+    """Any oracle: a device's cost is asked of the oracle for the pieces it holds."""
+
+    def __init__(self, oracle: Oracle, instance: Instance, pieces: Pieces):
+        super().__init__(instance, pieces)
+        self.oracle = oracle
+
+    def device_cost(self, members: Sequence[int]) -> DeviceCost:
+        return self.oracle.price_device(self.instance, self.pieces, sorted(int(m) for m in members))
+
+
+# ---------------------------------------------------------------- incremental device states
 
 
 class DeviceState(ABC):
-    """Which tables sit on which device, with each device's cost kept current as tables move."""
+    """Which pieces sit on which device, with each device's cost kept current as pieces move."""
 
     @abstractmethod
-    def add(self, table: int, device: int) -> None: ...
+    def add(self, piece: int, device: int) -> None: ...
 
     @abstractmethod
-    def remove(self, table: int, device: int) -> None: ...
+    def remove(self, piece: int, device: int) -> None: ...
 
     @abstractmethod
     def cost(self, device: int) -> float: ...
 
     @abstractmethod
-    def cost_if_added(self, table: int, device: int) -> float: ...
+    def cost_if_added(self, piece: int, device: int) -> float: ...
 
     @property
     @abstractmethod
@@ -113,89 +211,89 @@ class DeviceState(ABC):
     def costs(self) -> np.ndarray:
         return np.array([self.cost(d) for d in range(self.num_devices)])
 
-    def costs_if_added(self, table: int, devices: np.ndarray) -> np.ndarray:
-        return np.array([self.cost_if_added(table, int(d)) for d in devices])
+    def costs_if_added(self, piece: int, devices: np.ndarray) -> np.ndarray:
+        return np.array([self.cost_if_added(piece, int(d)) for d in devices])
 
     @abstractmethod
-    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
-        """Cost of `device` after taking `out_table` off it and putting `in_table` on it (either may be None)."""
+    def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
+        """Cost of `device` after taking `out_piece` off it and putting `in_piece` on it (either may be None)."""
 
-    def costs_if_swapped(self, table: int, device: int, others: np.ndarray, other_devices: np.ndarray
+    def costs_if_swapped(self, piece: int, device: int, others: np.ndarray, other_devices: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
-        """For each (u, e) in zip(others, other_devices): the costs of `device` and of e after `table`
+        """For each (u, e) in zip(others, other_devices): the costs of `device` and of e after `piece`
         and u trade places."""
-        here = np.array([self.cost_if_exchanged(device, table, int(u)) for u in others])
-        there = np.array([self.cost_if_exchanged(int(e), int(u), table) for u, e in zip(others, other_devices)])
+        here = np.array([self.cost_if_exchanged(device, piece, int(u)) for u in others])
+        there = np.array([self.cost_if_exchanged(int(e), int(u), piece) for u, e in zip(others, other_devices)])
         return here, there
 
 
 class AdditiveDeviceState(DeviceState):
-    def __init__(self, table_costs: np.ndarray, num_devices: int):
-        self.table_costs = np.asarray(table_costs, dtype=float)
+    def __init__(self, piece_costs: np.ndarray, num_devices: int):
+        self.piece_costs = np.asarray(piece_costs, dtype=float)
         self.loads = np.zeros(num_devices)
 
     @property
     def num_devices(self) -> int:
         return self.loads.size
 
-    def add(self, table: int, device: int) -> None:
-        self.loads[device] += self.table_costs[table]
+    def add(self, piece: int, device: int) -> None:
+        self.loads[device] += self.piece_costs[piece]
 
-    def remove(self, table: int, device: int) -> None:
-        self.loads[device] -= self.table_costs[table]
+    def remove(self, piece: int, device: int) -> None:
+        self.loads[device] -= self.piece_costs[piece]
 
     def cost(self, device: int) -> float:
         return float(self.loads[device])
 
-    def cost_if_added(self, table: int, device: int) -> float:
-        return float(self.loads[device] + self.table_costs[table])
+    def cost_if_added(self, piece: int, device: int) -> float:
+        return float(self.loads[device] + self.piece_costs[piece])
 
     def costs(self) -> np.ndarray:
         return self.loads.copy()
 
-    def costs_if_added(self, table: int, devices: np.ndarray) -> np.ndarray:
-        return self.loads[devices] + self.table_costs[table]
+    def costs_if_added(self, piece: int, devices: np.ndarray) -> np.ndarray:
+        return self.loads[devices] + self.piece_costs[piece]
 
-    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
-        out_cost = 0.0 if out_table is None else self.table_costs[out_table]
-        in_cost = 0.0 if in_table is None else self.table_costs[in_table]
+    def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
+        out_cost = 0.0 if out_piece is None else self.piece_costs[out_piece]
+        in_cost = 0.0 if in_piece is None else self.piece_costs[in_piece]
         return float(self.loads[device] - out_cost + in_cost)
 
-    def costs_if_swapped(self, table: int, device: int, others: np.ndarray, other_devices: np.ndarray
+    def costs_if_swapped(self, piece: int, device: int, others: np.ndarray, other_devices: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray]:
-        delta = self.table_costs[others] - self.table_costs[table]
+        delta = self.piece_costs[others] - self.piece_costs[piece]
         return self.loads[device] + delta, self.loads[other_devices] - delta
 
 
 class RecomputingDeviceState(DeviceState):
-    """Generic state for any oracle: re-evaluates only the device that changed."""
+    """State for any oracle: re-evaluates only the device that changed."""
 
-    def __init__(self, oracle: Oracle, instance: Instance):
-        self.oracle, self.instance = oracle, instance
-        self.tables: list[set[int]] = [set() for _ in range(instance.num_devices)]
-        self._costs = [oracle.device_cost(instance, []).total] * instance.num_devices
+    def __init__(self, priced: Priced):
+        self.priced = priced
+        self.members: list[set[int]] = [set() for _ in range(priced.num_devices)]
+        self._costs = [priced.device_cost([]).total] * priced.num_devices
 
     @property
     def num_devices(self) -> int:
-        return len(self.tables)
+        return len(self.members)
 
     def _refresh(self, device: int) -> None:
-        self._costs[device] = self.oracle.device_cost(self.instance, sorted(self.tables[device])).total
+        self._costs[device] = self.priced.device_cost(sorted(self.members[device])).total
 
-    def add(self, table: int, device: int) -> None:
-        self.tables[device].add(table)
+    def add(self, piece: int, device: int) -> None:
+        self.members[device].add(piece)
         self._refresh(device)
 
-    def remove(self, table: int, device: int) -> None:
-        self.tables[device].discard(table)
+    def remove(self, piece: int, device: int) -> None:
+        self.members[device].discard(piece)
         self._refresh(device)
 
     def cost(self, device: int) -> float:
         return self._costs[device]
 
-    def cost_if_added(self, table: int, device: int) -> float:
-        return self.cost_if_exchanged(device, None, table)
+    def cost_if_added(self, piece: int, device: int) -> float:
+        return self.cost_if_exchanged(device, None, piece)
 
-    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
-        tables = (self.tables[device] - {out_table}) | ({in_table} if in_table is not None else set())
-        return self.oracle.device_cost(self.instance, sorted(tables)).total
+    def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
+        members = (self.members[device] - {out_piece}) | ({in_piece} if in_piece is not None else set())
+        return self.priced.device_cost(sorted(members)).total

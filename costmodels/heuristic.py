@@ -1,30 +1,38 @@
 """The four heuristic per-table costs of the papers (DreamShard appendix D.1, AutoShard §5.1), as
 additive oracles: size, dim, lookup (dim × pooling factor) and size-lookup (dim × pooling × log10 rows).
+A piece of a table costs what its rows, its columns and its share of the lookups make of the same formula.
 Pooling factors stay real-valued: truncating them to integers would zero out the 144 sub-1 tables."""
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import numpy as np
 
-from instances import Instance, Table
+from instances import Instance
+from instances.pieces import Pieces
 
 from .base import AdditiveOracle
 
-TableCost = Callable[[Table], float]
+# Each cost from (rows, width, lookups per sample) of the pieces.
+PieceCost = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 
-HEURISTIC_COSTS: dict[str, tuple[TableCost, str]] = {
-    "size": (lambda t: float(t.rows * t.dim), "rows × dim (table size in elements)"),
-    "dim": (lambda t: float(t.dim), "embedding dimension (drives all-to-all volume)"),
-    "lookup": (lambda t: t.dim * t.pooling_factor, "dim × pooling factor (lookup work)"),
-    "size-lookup": (lambda t: t.dim * t.pooling_factor * math.log10(t.rows), "dim × pooling factor × log10(rows)"),
+HEURISTIC_COSTS: dict[str, tuple[PieceCost, str]] = {
+    "size": (lambda rows, width, lookups: (rows * width).astype(float), "rows × dim (table size in elements)"),
+    "dim": (lambda rows, width, lookups: width.astype(float), "embedding dimension (drives all-to-all volume)"),
+    "lookup": (lambda rows, width, lookups: width * lookups, "dim × pooling factor (lookup work)"),
+    "size-lookup": (lambda rows, width, lookups: width * lookups * np.log10(np.maximum(rows, 1)),
+                    "dim × pooling factor × log10(rows)"),
 }
 
 
+def heuristic_piece_costs(instance: Instance, pieces: Pieces, kind: str) -> np.ndarray:
+    pooling = np.array([t.pooling_factor for t in instance.tables])[pieces.table]
+    return HEURISTIC_COSTS[kind][0](pieces.rows, pieces.width, pooling * pieces.lookup_share(instance))
+
+
 def heuristic_costs(instance: Instance, kind: str) -> np.ndarray:
-    cost = HEURISTIC_COSTS[kind][0]
-    return np.array([cost(t) for t in instance.tables], dtype=float)
+    """Per whole table."""
+    return heuristic_piece_costs(instance, Pieces.table_wise(instance), kind)
 
 
 class HeuristicOracle(AdditiveOracle):
@@ -35,5 +43,5 @@ class HeuristicOracle(AdditiveOracle):
         self.name = kind
         self.description = HEURISTIC_COSTS[kind][1]
 
-    def table_costs(self, instance: Instance) -> np.ndarray:
-        return heuristic_costs(instance, self.kind)
+    def piece_costs(self, instance: Instance, pieces: Pieces) -> np.ndarray:
+        return heuristic_piece_costs(instance, pieces, self.kind)

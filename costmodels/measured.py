@@ -18,9 +18,10 @@ from typing import Sequence
 import numpy as np
 
 from instances import Instance, Table
+from instances.pieces import Pieces
 
 from .analytic import AnalyticOracle
-from .base import DeviceCost, Oracle
+from .base import DeviceCost, Oracle, Priced
 
 REFERENCE_BATCH = 65536      # the batch the pool's reuse bins were counted on
 CPU_FLUSH_BYTES = 64 << 20   # larger than this machine's 32 MiB L3; see flush()
@@ -242,6 +243,9 @@ class MeasurementCache:
 
 
 class MeasuredOracle(Oracle):
+    """A piece is timed as the table it is to its device (its rows, its columns, its share of the
+    lookups); communication is the analytic model's for the piece's sharding type."""
+
     name = "measured"
     description = "FBGEMM TBE forward+backward timed per device (CUDA or CPU) + analytic all-to-all; cached on disk"
     unit = "s"
@@ -252,10 +256,25 @@ class MeasuredOracle(Oracle):
         self.cache = cache or MeasurementCache()
         self.analytic = AnalyticOracle()
 
-    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
-        if not tables:
+    def bind(self, instance: Instance, pieces: Pieces) -> Priced:
+        return MeasuredPriced(self, instance, pieces)
+
+    def price_device(self, instance: Instance, pieces: Pieces, members: Sequence[int]) -> DeviceCost:
+        return self.bind(instance, pieces).device_cost(members)
+
+
+class MeasuredPriced(Priced):
+    def __init__(self, oracle: MeasuredOracle, instance: Instance, pieces: Pieces):
+        super().__init__(instance, pieces)
+        self.oracle = oracle
+        self.tables = pieces.as_tables(instance)
+        self.comm = oracle.analytic.piece_breakdown(instance, pieces)[:, 2:]
+
+    def device_cost(self, members: Sequence[int]) -> DeviceCost:
+        members = sorted(int(m) for m in members)
+        if not members:
             return DeviceCost.from_parts(0.0, 0.0, 0.0, 0.0)
-        batch = self.protocol.batch or instance.workload.batch_size
-        result = self.cache.get_or_measure([instance.tables[t] for t in tables], batch, self.protocol)
-        comm = self.analytic.table_breakdown(instance)[list(tables), 2:].sum(axis=0)
+        batch = self.oracle.protocol.batch or self.instance.workload.batch_size
+        result = self.oracle.cache.get_or_measure([self.tables[m] for m in members], batch, self.oracle.protocol)
+        comm = self.comm[members].sum(axis=0)
         return DeviceCost.from_parts(result.forward_s, result.backward_s, float(comm[0]), float(comm[1]))

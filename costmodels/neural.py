@@ -15,8 +15,9 @@ import torch
 from torch import nn
 
 from instances import Instance, Table
+from instances.pieces import Pieces
 
-from .base import DeviceCost, DeviceState, Oracle
+from .base import DeviceCost, DeviceState, Oracle, Priced
 from .dataset import table_features
 
 MODEL_KINDS = ("autoshard", "dreamshard")
@@ -236,24 +237,24 @@ def _records_hash(records: list[dict]) -> str:
 
 
 class NeuralDeviceState(DeviceState):
-    """Per device, the sum of its tables' embeddings; costs come from the head on that sum."""
+    """Per device, the sum of its pieces' embeddings; costs come from the head on that sum."""
 
-    def __init__(self, oracle: "NeuralOracle", instance: Instance):
-        self.oracle = oracle
-        self.embeddings = oracle.model.table_embeddings(instance.tables)
-        self.sums = torch.zeros((instance.num_devices, self.embeddings.shape[1]))
-        self.counts = np.zeros(instance.num_devices, dtype=np.int64)
+    def __init__(self, priced: "NeuralPriced"):
+        self.oracle = priced.oracle
+        self.embeddings = priced.embeddings
+        self.sums = torch.zeros((priced.num_devices, self.embeddings.shape[1]))
+        self.counts = np.zeros(priced.num_devices, dtype=np.int64)
 
     @property
     def num_devices(self) -> int:
         return self.counts.size
 
-    def add(self, table: int, device: int) -> None:
-        self.sums[device] += self.embeddings[table]
+    def add(self, piece: int, device: int) -> None:
+        self.sums[device] += self.embeddings[piece]
         self.counts[device] += 1
 
-    def remove(self, table: int, device: int) -> None:
-        self.sums[device] -= self.embeddings[table]
+    def remove(self, piece: int, device: int) -> None:
+        self.sums[device] -= self.embeddings[piece]
         self.counts[device] -= 1
 
     def _total(self, summed: torch.Tensor, count: int) -> float:
@@ -262,24 +263,27 @@ class NeuralDeviceState(DeviceState):
     def cost(self, device: int) -> float:
         return self._total(self.sums[device], int(self.counts[device]))
 
-    def cost_if_added(self, table: int, device: int) -> float:
-        return self._total(self.sums[device] + self.embeddings[table], 1)
+    def cost_if_added(self, piece: int, device: int) -> float:
+        return self._total(self.sums[device] + self.embeddings[piece], 1)
 
-    def cost_if_exchanged(self, device: int, out_table: int | None, in_table: int | None) -> float:
+    def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
         summed, count = self.sums[device].clone(), int(self.counts[device])
-        if out_table is not None:
-            summed -= self.embeddings[out_table]
+        if out_piece is not None:
+            summed -= self.embeddings[out_piece]
             count -= 1
-        if in_table is not None:
-            summed += self.embeddings[in_table]
+        if in_piece is not None:
+            summed += self.embeddings[in_piece]
             count += 1
         return self._total(summed, count)
 
-    def costs_if_added(self, table: int, devices: np.ndarray) -> np.ndarray:
-        return self.oracle.totals_from_sums(self.sums[torch.as_tensor(devices)] + self.embeddings[table])
+    def costs_if_added(self, piece: int, devices: np.ndarray) -> np.ndarray:
+        return self.oracle.totals_from_sums(self.sums[torch.as_tensor(devices)] + self.embeddings[piece])
 
 
 class NeuralOracle(Oracle):
+    """A piece is embedded through the features of the table it is to its device (its rows, columns and
+    share of the lookups); a device's cost comes from the sum of its pieces' embeddings."""
+
     unit = "s"
 
     def __init__(self, model: TrainedModel, name: str):
@@ -297,17 +301,33 @@ class NeuralOracle(Oracle):
     def total_from_sum(self, summed: torch.Tensor) -> float:
         return float(self.totals_from_sums(summed.unsqueeze(0))[0])
 
-    def device_cost(self, instance: Instance, tables: Sequence[int]) -> DeviceCost:
-        if not tables:
-            return DeviceCost.from_parts(0.0, 0.0, 0.0, 0.0)
-        summed = self.model.table_embeddings([instance.tables[t] for t in tables]).sum(dim=0)
+    def cost_from_sum(self, summed: torch.Tensor) -> DeviceCost:
         parts = self.model.seconds_from_sum(summed.unsqueeze(0))[0]
         if self.model.net.kind == "autoshard":
             return DeviceCost(total=float(parts[0]))
         return DeviceCost.from_parts(float(parts[0]), float(parts[1]), float(parts[2]) / 2, float(parts[2]) / 2)
 
-    def new_state(self, instance: Instance) -> DeviceState:
-        return NeuralDeviceState(self, instance)
+    def bind(self, instance: Instance, pieces: Pieces) -> Priced:
+        return NeuralPriced(self, instance, pieces)
+
+    def price_device(self, instance: Instance, pieces: Pieces, members: Sequence[int]) -> DeviceCost:
+        return self.bind(instance, pieces).device_cost(members)
+
+
+class NeuralPriced(Priced):
+    def __init__(self, oracle: NeuralOracle, instance: Instance, pieces: Pieces):
+        super().__init__(instance, pieces)
+        self.oracle = oracle
+        self.embeddings = oracle.model.table_embeddings(pieces.as_tables(instance))
+
+    def device_cost(self, members: Sequence[int]) -> DeviceCost:
+        members = list(members)
+        if not members:
+            return DeviceCost.from_parts(0.0, 0.0, 0.0, 0.0)
+        return self.oracle.cost_from_sum(self.embeddings[members].sum(dim=0))
+
+    def new_state(self) -> DeviceState:
+        return NeuralDeviceState(self)
 
 
 SHIPPED = {"neural-autoshard": "autoshard_cpu.pt", "neural-dreamshard": "dreamshard_cpu.pt"}

@@ -10,10 +10,10 @@ from .io import (
                     save_plan,
 )
 from .model import (
+                    SHARDING_TYPES,
                     BucketSpec,
                     Instance,
                     InstanceError,
-                    Plan,
                     PlanError,
                     RowDistribution,
                     Table,
@@ -23,9 +23,10 @@ from .model import (
                     instance_to_dict,
                     table_memory_bytes,
 )
+from .sharding import Plan, Shard, TableSharding
 
 __all__ = [
-    "BucketSpec", "Instance", "InstanceError", "Plan", "PlanError", "RowDistribution", "Table", "Topology",
+    "SHARDING_TYPES", "BucketSpec", "Instance", "InstanceError", "Plan", "PlanError", "Shard", "TableSharding", "RowDistribution", "Table", "Topology",
     "Workload", "instance_from_dict", "instance_to_dict", "load_instance", "load_instance_set", "load_instances",
     "load_plan", "save_instance", "save_instance_set", "save_plan", "table_memory_bytes",
 ]

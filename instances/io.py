@@ -9,15 +9,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from .model import (
-    Instance,
-    InstanceError,
-    Plan,
-    instance_from_dict,
-    instance_to_dict,
-    plan_from_dict,
-    plan_to_dict,
-)
+from .model import Instance, InstanceError, instance_from_dict, instance_to_dict
+from .sharding import Plan, plan_from_dict, plan_to_dict
 
 MANIFEST = "manifest.json"
 
@@ -97,14 +90,20 @@ def save_instance(instance: Instance, path: str | Path) -> None:
     write_json_atomic(path, instance_to_dict(instance.validate()))
 
 
-def load_plan(path: str | Path) -> Plan:
-    return plan_from_dict(read_json(path))
+def load_plan(path: str | Path, instance: Instance) -> Plan:
+    """A plan file for `instance`, parsed (errors name the field) and validated (errors name the table)."""
+    try:
+        return plan_from_dict(read_json(path), instance).validate(instance)
+    except InstanceError as exc:
+        if exc.field == str(path):
+            raise
+        raise InstanceError(f"{path}: {exc.field}", exc.reason) from exc
 
 
-def save_plan(plan: Plan, instance: Instance, path: str | Path, extra: dict | None = None) -> None:
+def save_plan(plan: Plan, instance: Instance, path: str | Path, report: dict | None = None) -> None:
     """Validates the plan against its instance first: an invalid plan is never written."""
     plan.validate(instance)
-    write_json_atomic(path, {**plan_to_dict(plan), **(extra or {})})
+    write_json_atomic(path, plan_to_dict(plan, instance, report))
 
 
 def save_instance_set(instances: Iterable[Instance], folder: str | Path, description: dict) -> Path:

@@ -13,6 +13,9 @@ DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 ROW_DISTRIBUTION_KINDS = ("power_law", "empirical")
 BUCKET_MAPPINGS = ("interleave", "chunk")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
+# TorchRec's meanings: a whole table on one device; column blocks, each on any device; rows split over all
+# devices; rows split over the devices of one node; a full replica on every device.
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 # Ranges far beyond any real model, chosen so that every byte count and cost stays exact in int64 / finite
 # in float64 (a table's memory is at most 2^40 rows × 2^15 dims × 12 B < 2^59; an instance's total is
 # checked against MAX_TOTAL_BYTES).
@@ -134,6 +137,7 @@ class Table:
     pooled: bool = True
     row_distribution: RowDistribution | None = None
     buckets: BucketSpec | None = None
+    sharding_types: tuple[str, ...] | None = None  # the types this table allows (None: the instance's)
 
     @property
     def weight_bytes(self) -> int:
@@ -169,6 +173,8 @@ class Table:
         if self.buckets is not None:
             _require(isinstance(self.buckets, BucketSpec), f"{path}.buckets", "must be an object")
             self.buckets.validate(f"{path}.buckets")
+        if self.sharding_types is not None:
+            _sharding_types(self.sharding_types, f"{path}.sharding_types")
 
 
 @dataclass(frozen=True)
@@ -214,14 +220,24 @@ class Workload:
                  f"must be one of {tuple(DTYPE_BYTES)}, got {_short(self.dtype)}")
 
 
-def optimizer_state_bytes(table: Table, optimizer: str) -> int:
-    """Optimizer state kept in fp32 beside the weights (one scalar per row for row-wise Adagrad)."""
-    per_row = {"sgd": 0, "rowwise_adagrad": 4, "adagrad": 4 * table.dim, "adam": 8 * table.dim}[optimizer]
-    return table.rows * per_row
+def shard_memory_bytes(table: Table, workload: Workload, rows: int, width: int) -> int:
+    """Weights of `rows` × `width` of the table plus the optimizer state kept beside them in fp32 (one
+    scalar per row for row-wise Adagrad, per element for Adagrad, two per element for Adam)."""
+    per_row = {"sgd": 0, "rowwise_adagrad": 4, "adagrad": 4 * width, "adam": 8 * width}[workload.optimizer]
+    return rows * (width * table.dtype_bytes + per_row)
 
 
 def table_memory_bytes(table: Table, workload: Workload) -> int:
-    return table.weight_bytes + optimizer_state_bytes(table, workload.optimizer)
+    return shard_memory_bytes(table, workload, table.rows, table.dim)
+
+
+def _sharding_types(value: Any, path: str) -> tuple[str, ...]:
+    _require(isinstance(value, tuple) and len(value) > 0, path, f"must be a non-empty list of {SHARDING_TYPES}")
+    for i, kind in enumerate(value):
+        _require(isinstance(kind, str) and kind in SHARDING_TYPES, f"{path}[{i}]",
+                 f"must be one of {SHARDING_TYPES}, got {_short(kind)}")
+    _require(len(set(value)) == len(value), path, "lists a sharding type twice")
+    return value
 
 
 @dataclass(frozen=True)
@@ -231,6 +247,13 @@ class Instance:
     topology: Topology
     workload: Workload = field(default_factory=Workload)
     provenance: str = ""
+    sharding_types: tuple[str, ...] = SHARDING_TYPES
+
+    def allowed_types(self, table: Table) -> tuple[str, ...]:
+        """The sharding types `table` may take: the instance's, narrowed by the table's own list."""
+        if table.sharding_types is None:
+            return self.sharding_types
+        return tuple(t for t in self.sharding_types if t in table.sharding_types)
 
     @property
     def num_tables(self) -> int:
@@ -255,47 +278,13 @@ class Instance:
             seen.add(table.name)
         self.topology.validate("topology")
         self.workload.validate("workload")
+        _sharding_types(self.sharding_types, "sharding_types")
+        for i, table in enumerate(self.tables):
+            _require(len(self.allowed_types(table)) > 0, f"tables[{i}].sharding_types",
+                     "allows none of the instance's sharding types")
         total = sum(self.table_memory())
         _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
                  "this tool handles exactly")
-        return self
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A table placement: `assignment[i]` is the device of `instance.tables[i]`."""
-
-    instance_id: str
-    assignment: tuple[int, ...]
-    kind: str = "placement"
-
-    def device_tables(self, num_devices: int) -> tuple[tuple[int, ...], ...]:
-        groups: list[list[int]] = [[] for _ in range(num_devices)]
-        for table_index, device in enumerate(self.assignment):
-            groups[device].append(table_index)
-        return tuple(tuple(g) for g in groups)
-
-    def memory_per_device(self, instance: Instance) -> tuple[int, ...]:
-        used = [0] * instance.num_devices
-        for mem, device in zip(instance.table_memory(), self.assignment):
-            used[device] += mem
-        return tuple(used)
-
-    def validate(self, instance: Instance) -> "Plan":
-        """Every table placed exactly once on an existing device, and each device within memory."""
-        if self.instance_id != instance.id:
-            raise PlanError(f"plan is for instance {self.instance_id!r}, not {instance.id!r}")
-        if len(self.assignment) != instance.num_tables:
-            raise PlanError(f"plan places {len(self.assignment)} tables, instance has {instance.num_tables}")
-        for i, device in enumerate(self.assignment):
-            if not _is_int(device) or not 0 <= device < instance.num_devices:
-                raise PlanError(f"assignment[{i}] (table {instance.tables[i].name}): device {device!r} "
-                                f"is not in 0..{instance.num_devices - 1}")
-        capacity = instance.topology.memory_bytes
-        over = [(d, m) for d, m in enumerate(self.memory_per_device(instance)) if m > capacity]
-        if over:
-            detail = ", ".join(f"device {d} uses {m} B" for d, m in over)
-            raise PlanError(f"memory capacity {capacity} B exceeded: {detail}")
         return self
 
 
@@ -331,10 +320,13 @@ def _take(data: Mapping[str, Any], path: str, required: Sequence[str], optional:
 def _table_from_dict(data: Any, path: str) -> Table:
     data = _expect_mapping(data, path)
     values = _take(data, path, ("name", "rows", "dim", "dtype_bytes", "pooling_factor", "reuse_bins"),
-                   ("pooled", "row_distribution", "buckets"))
+                   ("pooled", "row_distribution", "buckets", "sharding_types"))
     bins = values["reuse_bins"]
     _require(isinstance(bins, list), f"{path}.reuse_bins", "must be a list")
     values["reuse_bins"] = tuple(bins)
+    if values.get("sharding_types") is not None:
+        _require(isinstance(values["sharding_types"], list), f"{path}.sharding_types", "must be a list")
+        values["sharding_types"] = tuple(values["sharding_types"])
     if values.get("row_distribution") is not None:
         rd_path = f"{path}.row_distribution"
         rd = _take(_expect_mapping(values["row_distribution"], rd_path), rd_path, ("kind",), ("alpha", "probabilities"))
@@ -361,6 +353,8 @@ def _table_to_dict(table: Table) -> dict:
     if table.buckets is not None:
         out["buckets"] = {"count": table.buckets.count, "mapping": table.buckets.mapping,
                           "rows_per_bucket": table.buckets.rows_per_bucket}
+    if table.sharding_types is not None:
+        out["sharding_types"] = list(table.sharding_types)
     return out
 
 
@@ -377,6 +371,7 @@ def instance_to_dict(instance: Instance) -> dict:
         "provenance": instance.provenance,
         "topology": {k: getattr(topo, k) for k in (*_TOPOLOGY_FIELDS, *_TOPOLOGY_OPTIONAL)},
         "workload": {"batch_size": work.batch_size, "optimizer": work.optimizer, "dtype": work.dtype},
+        "sharding_types": list(instance.sharding_types),
         "tables": [_table_to_dict(t) for t in instance.tables],
     }
 
@@ -385,42 +380,23 @@ def instance_from_dict(data: Any) -> Instance:
     """Parse and validate; raises InstanceError naming the first bad field."""
     data = _expect_mapping(data, "instance")
     _check_version(data, (SCHEMA_VERSION,))
-    values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance"))
+    values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance", "sharding_types"))
     topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, _TOPOLOGY_OPTIONAL)
     work_raw = values.get("workload", {})
     work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
     tables = values["tables"]
     _require(isinstance(tables, list), "tables", "must be a list")
+    types = values.get("sharding_types", list(SHARDING_TYPES))
+    _require(isinstance(types, list), "sharding_types", "must be a list")
     instance = Instance(
         id=values["id"],
         tables=tuple(_table_from_dict(t, f"tables[{i}]") for i, t in enumerate(tables)),
         topology=Topology(**topo),
         workload=Workload(**work),
         provenance=values.get("provenance", ""),
+        sharding_types=tuple(types),
     )
     return instance.validate()
-
-
-# What `shardbench solve -o` writes beside a plan: a report of the run, ignored when the plan is loaded.
-PLAN_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
-                    "device_costs", "memory_per_device")
-
-
-def plan_to_dict(plan: Plan) -> dict:
-    return {"schema_version": SCHEMA_VERSION, "kind": plan.kind, "instance_id": plan.instance_id,
-            "assignment": list(plan.assignment)}
-
-
-def plan_from_dict(data: Any) -> Plan:
-    data = _expect_mapping(data, "plan")
-    _check_version(data, (SCHEMA_VERSION,))
-    values = _take(data, "", ("schema_version", "instance_id", "assignment"), ("kind", *PLAN_REPORT_KEYS))
-    _require(values.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {_short(values.get('kind'))}")
-    _string(values["instance_id"], "instance_id")
-    _require(isinstance(values["assignment"], list), "assignment", "must be a list of device indices")
-    for i, device in enumerate(values["assignment"]):
-        _require(_is_int(device), f"assignment[{i}]", f"must be a device index, got {_short(device)}")
-    return Plan(instance_id=values["instance_id"], assignment=tuple(values["assignment"]))
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from costmodels import Oracle
-from instances import Instance, Plan
+from instances import Instance, Plan, PlanError
+from instances.model import MAX_MEMORY_BYTES
 
 from .bounds import best_additive_lower_bound
 
@@ -78,14 +79,14 @@ class NoPlan:
     table: int | None = None
     need: int | None = None
     most_free: int | None = None
-    plan: tuple[int, ...] | None = None
+    plan: Plan | None = None
     samples: int | None = None
 
 
 @dataclass(frozen=True)
 class SolveResult:
     status: Status
-    assignment: tuple[int, ...] | None = None
+    plan: Plan | None = None
     objective: float | None = None
     lower_bound: float | None = None
     reason: str = ""
@@ -94,7 +95,12 @@ class SolveResult:
 
     @property
     def has_plan(self) -> bool:
-        return self.assignment is not None
+        return self.plan is not None
+
+
+def planned(instance: Instance, assignment, status: Status = Status.FEASIBLE, **fields) -> SolveResult:
+    """A result holding the table-wise plan `assignment` (a device per table)."""
+    return SolveResult(status, plan=Plan.table_wise(instance, assignment), **fields)
 
 
 SolveFn = Callable[[Instance, Oracle, Budget, int], SolveResult]
@@ -171,10 +177,10 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         claimed = None
     combinatorial = (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
                      if oracle.additive else None)
-    if result.assignment is None:
+    if result.plan is None:
         return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
-    Plan(instance.id, result.assignment).validate(instance)
-    objective = oracle.plan_cost(instance, result.assignment)
+    result.plan.validate(instance)
+    objective = oracle.plan_cost(instance, result.plan)
     if not math.isfinite(objective):
         raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")
     if claimed is not None and claimed > objective * (1 + 1e-9) + 1e-12:
@@ -190,7 +196,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     if status == Status.FEASIBLE and combinatorial is not None and objective <= combinatorial * (1 + BOUND_MATCH_TOLERANCE):
         # Any plan that meets a valid lower bound is optimal, whoever found it.
         status, reason = Status.OPTIMAL, _join(reason, "meets the combinatorial lower bound")
-    return SolveResult(status=status, assignment=result.assignment, objective=objective, lower_bound=bound,
+    return SolveResult(status=status, plan=result.plan, objective=objective, lower_bound=bound,
                        reason=reason, stats=stats)
 
 
@@ -217,10 +223,7 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
     elif cause == Cause.SAMPLING:
         ok = evidence.samples is not None and evidence.samples >= 1
     elif cause == Cause.OVERFLOW:
-        plan = evidence.plan
-        ok = (plan is not None and len(plan) == instance.num_tables
-              and all(0 <= d < instance.num_devices for d in plan)
-              and max(Plan(instance.id, plan).memory_per_device(instance)) > capacity)
+        ok = evidence.plan is not None and _overflows_only(evidence.plan, instance)
     elif cause == Cause.TIME_LIMIT:
         ok = elapsed >= TIME_LIMIT_SLACK * budget.time_limit
     else:
@@ -243,6 +246,16 @@ def memory_infeasibility(instance: Instance) -> str | None:
     if total > room:
         return f"tables need {total} B in all, more than {instance.num_devices} devices × {capacity} B = {room} B"
     return None
+
+
+def _overflows_only(plan: Plan, instance: Instance) -> bool:
+    """The plan is sound but for memory: valid once the capacity is lifted, over it as it stands."""
+    roomy = replace(instance, topology=replace(instance.topology, memory_bytes=MAX_MEMORY_BYTES))
+    try:
+        replace(plan, instance_id=roomy.id).validate(roomy)
+    except PlanError:
+        return False
+    return max(plan.memory_per_device(instance)) > instance.topology.memory_bytes
 
 
 class MemoryTracker:

@@ -11,7 +11,7 @@ from .base import (
     Budget,
     MemoryTracker,
     SolveResult,
-    Status,
+    planned,
     register,
     stuck,
 )
@@ -28,7 +28,7 @@ def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResu
         device = int(rng.choice(feasible))
         tracker.place(int(table), device)
         assignment[table] = device
-    return SolveResult(Status.FEASIBLE, assignment=tuple(int(d) for d in assignment))
+    return planned(instance, assignment)
 
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
@@ -50,4 +50,4 @@ def round_robin(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -
         tracker.place(table, device)
         assignment.append(device)
         cursor = device + 1
-    return SolveResult(Status.FEASIBLE, assignment=tuple(assignment))
+    return planned(instance, assignment)

@@ -51,7 +51,8 @@ class ExactStart:
     def proven(self, instance: Instance, oracle: Oracle) -> bool:
         """The heuristic plan already meets the bound: nothing is left for the model to prove."""
         return (self.assignment is not None
-                and oracle.plan_cost(instance, self.assignment) <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE))
+                and oracle.plan_cost(instance, Plan.table_wise(instance, self.assignment))
+                <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE))
 
 
 def exact_start(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> ExactStart:
@@ -59,8 +60,8 @@ def exact_start(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -
     costs = oracle.table_costs(instance)
     bound = best_additive_lower_bound(costs, instance.num_devices)
     start = best_greedy(instance, oracle)
-    assignment = start.assignment
-    if assignment is not None and oracle.plan_cost(instance, assignment) > bound * (1 + OPTIMALITY_TOLERANCE):
+    assignment = start.plan.assignment if start.plan is not None else None
+    if assignment is not None and oracle.plan_cost(instance, start.plan) > bound * (1 + OPTIMALITY_TOLERANCE):
         assignment = improve(instance, oracle, assignment, deadline, seed)[0]
     return ExactStart(assignment, order_by_cost(costs), bound)
 
@@ -92,7 +93,8 @@ def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallba
         return SolveResult(Status.NO_PLAN, lower_bound=bound, stats=stats, no_plan=failure, reason=(
             "the only plan the solver found overflows memory (by its feasibility tolerance); no valid plan "
             "was found"))
-    best = min(candidates, key=lambda a: oracle.plan_cost(instance, a))
+    plans = [Plan.table_wise(instance, a) for a in candidates]
+    best = min(plans, key=lambda p: oracle.plan_cost(instance, p))
     objective = oracle.plan_cost(instance, best)
     if bound <= objective * (1 + OPTIMALITY_TOLERANCE):
         # Only rounding can put a valid bound a hair above the plan; anything more is left for run_solver
@@ -100,8 +102,7 @@ def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallba
         bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     status = Status.OPTIMAL if gap <= OPTIMALITY_TOLERANCE else Status.FEASIBLE
-    return SolveResult(status, assignment=tuple(int(d) for d in best), lower_bound=bound,
-                       stats={**stats, "certified_gap": gap})
+    return SolveResult(status, plan=best, lower_bound=bound, stats={**stats, "certified_gap": gap})
 
 
 # ---------------------------------------------------------------- CP-SAT
@@ -323,17 +324,17 @@ def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend:
         stats["note"] = "solver called the model infeasible although the heuristic start satisfies it"
     found, raw_bound, failure = run.found, run.raw_bound, None
     if found is not None:
-        over = max(Plan(instance.id, found).memory_per_device(instance)) - capacity
+        over = max(Plan.table_wise(instance, found).memory_per_device(instance)) - capacity
         if over > 0:
             # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
             # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
             stats["first_plan_overflow_bytes"] = int(over)
-            failure = NoPlan(Cause.OVERFLOW, plan=found)
+            failure = NoPlan(Cause.OVERFLOW, plan=Plan.table_wise(instance, found))
             retry = _milp_run(instance, start, c, upper, unit, hint, backend, remaining(), seed,
                               1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE))
             stats["retry_status"] = retry.stats["solution_status"]
             found = retry.found
-            if found is not None and max(Plan(instance.id, found).memory_per_device(instance)) > capacity:
+            if found is not None and max(Plan.table_wise(instance, found).memory_per_device(instance)) > capacity:
                 found = None
     usable = raw_bound is not None and np.isfinite(raw_bound)
     proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0

@@ -12,8 +12,8 @@ from .base import (
     Budget,
     MemoryTracker,
     SolveResult,
-    Status,
     order_by_cost,
+    planned,
     register,
     stuck,
 )
@@ -31,7 +31,7 @@ def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> 
         state.add(int(table), device)
         tracker.place(int(table), device)
         assignment[table] = device
-    return SolveResult(Status.FEASIBLE, assignment=tuple(int(d) for d in assignment))
+    return planned(instance, assignment)
 
 
 def greedy_by_costs(instance: Instance, costs: np.ndarray) -> SolveResult:
@@ -72,10 +72,10 @@ def greedy_starts(instance: Instance, oracle: Oracle) -> list[SolveResult]:
 def best_greedy(instance: Instance, oracle: Oracle) -> SolveResult:
     """The best plan among the greedy starts, or the first failure when none finds one."""
     starts = greedy_starts(instance, oracle)
-    planned = [r for r in starts if r.assignment is not None]
-    if not planned:
+    with_plan = [r for r in starts if r.plan is not None]
+    if not with_plan:
         return starts[0]
-    return min(planned, key=lambda r: oracle.plan_cost(instance, r.assignment))
+    return min(with_plan, key=lambda r: oracle.plan_cost(instance, r.plan))
 
 
 @register("best-greedy", "best of the greedy skeleton under cost, memory and combined orders (memory-robust)")

@@ -30,9 +30,9 @@ from costmodels.neural import (
     mlp,
     shipped_model_path,
 )
-from instances import Instance
+from instances import Instance, Plan
 
-from .base import Budget, Cause, MemoryTracker, NoPlan, SolveResult, Status
+from .base import Budget, Cause, MemoryTracker, NoPlan, SolveResult, Status, planned
 
 ALGORITHMS = ("autoshard", "dreamshard")
 ENTROPY_COST = 0.001
@@ -72,8 +72,16 @@ class ShardingMDP:
         self.instance = instance
         self.model = model
         self.embeddings = model.table_embeddings(instance.tables)
-        simulator = NeuralOracle(model, "simulator")
-        self.order = np.lexsort((np.arange(instance.num_tables), -simulator.single_table_costs(instance)))
+        self.simulator = NeuralOracle(model, "simulator")
+        self.order = np.lexsort((np.arange(instance.num_tables), -self.simulator.single_table_costs(instance)))
+
+    def device_totals(self, assignment: Sequence[int]) -> np.ndarray:
+        """The cost network's total per device for a table-wise plan (an empty device costs nothing)."""
+        k = self.instance.num_devices
+        devices = torch.as_tensor(np.asarray(assignment, dtype=np.int64))
+        sums = torch.zeros((k, self.embeddings.shape[1])).index_add_(0, devices, self.embeddings)
+        used = np.bincount(np.asarray(assignment), minlength=k) > 0
+        return np.where(used, self.simulator.totals_from_sums(sums), 0.0)
 
     def run(self, choose: Callable[[Step], int]) -> Episode:
         k = self.instance.num_devices
@@ -106,10 +114,11 @@ class ShardingMDP:
         return episode
 
 
-def reward(instance: Instance, oracle: Oracle, episode: Episode, algorithm: str) -> float:
+def reward(mdp: ShardingMDP, episode: Episode, algorithm: str) -> float:
+    """The final reward on the estimated MDP (the cost network judges the plan)."""
     if episode.overflow > 0:
         return -episode.overflow
-    costs = np.array([c.total for c in oracle.device_costs(instance, episode.assignment)])
+    costs = mdp.device_totals(episode.assignment)
     if algorithm == "autoshard":
         return float(costs.min() / costs.max()) if costs.max() > 0 else 1.0
     perfect = costs.sum() / costs.size
@@ -257,7 +266,6 @@ def train_policy(algorithm: str, tasks: Sequence[Instance], model: TrainedModel,
     rng = np.random.default_rng(seed)
     policy = _policy(algorithm)
     optimiser = torch.optim.Adam(policy.parameters(), lr=learning_rate)
-    simulator = NeuralOracle(model, "simulator")
     mdps = [ShardingMDP(task, model) for task in tasks]
     log = TrainingLog()
     start = time.monotonic()
@@ -267,7 +275,7 @@ def train_policy(algorithm: str, tasks: Sequence[Instance], model: TrainedModel,
         for _ in range(episodes_per_update):
             index = int(rng.integers(len(mdps)))
             episode = play(mdps[index], policy, algorithm, rng)
-            episode.reward = reward(tasks[index], simulator, episode, algorithm)
+            episode.reward = reward(mdps[index], episode, algorithm)
             batch.append(episode)
         optimiser.zero_grad()
         if algorithm == "autoshard":
@@ -374,8 +382,8 @@ def policy_plan(instance: Instance, path: Path) -> SolveResult:
     if episode.overflow > 0:  # any byte over capacity makes this positive
         return SolveResult(Status.NO_PLAN, reason=f"the policy's plan overflows memory by {episode.overflow:.1%} on "
                                                  "its worst device (no legal device was left for a table)",
-                           no_plan=NoPlan(Cause.OVERFLOW, plan=episode.assignment))
-    return SolveResult(Status.FEASIBLE, assignment=episode.assignment)
+                           no_plan=NoPlan(Cause.OVERFLOW, plan=Plan.table_wise(instance, episode.assignment)))
+    return planned(instance, episode.assignment)
 
 
 def solve_with_policy(algorithm: str, polish: bool, instance: Instance, oracle: Oracle, budget: Budget,
@@ -385,10 +393,11 @@ def solve_with_policy(algorithm: str, polish: bool, instance: Instance, oracle: 
         raise FileNotFoundError(f"{path}: no trained {algorithm} policy shipped; run `shardbench train policy`")
     started = time.monotonic()
     result = policy_plan(instance, path)
-    if not polish or result.assignment is None:
+    if not polish or result.plan is None:
         return result
     from .search import improve
 
     remaining = max(0.0, budget.time_limit - (time.monotonic() - started))
-    plan, stats = improve(instance, oracle, result.assignment, time.monotonic() + remaining, seed, budget.max_rounds)
-    return SolveResult(Status.FEASIBLE, assignment=plan, stats=stats)
+    assignment, stats = improve(instance, oracle, result.plan.assignment, time.monotonic() + remaining, seed,
+                                budget.max_rounds)
+    return planned(instance, assignment, stats=stats)

@@ -17,6 +17,7 @@ from .base import (
     NoPlan,
     SolveResult,
     Status,
+    planned,
     register,
 )
 from .baselines import random_assignment
@@ -143,10 +144,10 @@ def improve(instance: Instance, oracle: Oracle, start, deadline: float, seed: in
 def local_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
     deadline = budget.deadline()
     start = best_greedy(instance, oracle)
-    if start.assignment is None:
+    if start.plan is None:
         return start
-    plan, stats = improve(instance, oracle, start.assignment, deadline, seed, budget.max_rounds)
-    return SolveResult(Status.FEASIBLE, assignment=plan, stats=stats)
+    assignment, stats = improve(instance, oracle, start.plan.assignment, deadline, seed, budget.max_rounds)
+    return planned(instance, assignment, stats=stats)
 
 
 @register("random-search", "best of up to 1000 random memory-feasible plans (AutoShard §5.3)", stochastic=True)
@@ -158,15 +159,15 @@ def random_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int)
     while samples < limit and (samples == 0 or time.monotonic() < deadline):
         samples += 1
         result = random_assignment(instance, rng)
-        if result.assignment is None:
+        if result.plan is None:
             dead_ends += 1
             continue
-        value = oracle.plan_cost(instance, result.assignment)
+        value = oracle.plan_cost(instance, result.plan)
         if value < best_value:
-            best, best_value = result.assignment, value
+            best, best_value = result.plan, value
     stats = {"samples": samples, "dead_ends": dead_ends}
     if best is None:
         return SolveResult(Status.NO_PLAN, reason=f"all {samples} random samples hit a memory dead end (not a proof)",
                            stats=stats, no_plan=NoPlan(Cause.SAMPLING, samples=samples))
-    return SolveResult(Status.FEASIBLE, assignment=best, stats=stats)
+    return SolveResult(Status.FEASIBLE, plan=best, stats=stats)
 

@@ -11,9 +11,10 @@ from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_ran
 from benchmarks.runner import run_suite
 from benchmarks.store import read_records
 from benchmarks.suite import SuiteError, load_suite
-from instances import load_instance, save_instance, save_instance_set
+from instances import load_instance, load_plan, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
-from solvers.base import _REGISTRY, SolveResult, Status, register
+from instances.sharding import expand
+from solvers.base import _REGISTRY, planned, register
 
 
 # Misbehaving solvers: the runner must turn each into one error row and go on.
@@ -30,7 +31,7 @@ def _dies(instance, oracle, budget, seed):
 
 
 def _cheats(instance, oracle, budget, seed):
-    return SolveResult(Status.FEASIBLE, assignment=(0,) * instance.num_tables)
+    return planned(instance, (0,) * instance.num_tables)
 
 
 @pytest.fixture
@@ -96,8 +97,7 @@ def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
     suite.results.write_text("\n".join(lines[:5]) + "\n" + lines[5][:10])  # a sweep killed mid-write
     second = run_suite(suite, quiet=True)
     assert len(second) == 8 and len(read_records(suite.results)) == 8
-    assert [r["assignment"] for r in second if r["solver"] == "lpt"] == \
-        [r["assignment"] for r in first if r["solver"] == "lpt"]
+    assert [r["plan"] for r in second if r["solver"] == "lpt"] == [r["plan"] for r in first if r["solver"] == "lpt"]
     third = run_suite(suite, quiet=True)
     assert len(read_records(suite.results)) == 8 and len(third) == 8
 
@@ -140,8 +140,9 @@ def test_cli_sample_validate_show_solve(tmp_path, capsys):
     assert main(["solve", str(files[0]), "--solver", "lpt", "--oracle", "lookup", "-o", str(plan)]) == 0
     written = json.loads(plan.read_text())
     instance = load_instance(files[0])
-    assert written["status"] in ("feasible", "optimal") and len(written["assignment"]) == 30
-    assert max(written["memory_per_device"]) <= instance.topology.memory_bytes
+    assert written["report"]["status"] in ("feasible", "optimal") and len(written["tables"]) == 30
+    assert load_plan(plan, instance).is_table_wise
+    assert max(written["report"]["memory_per_device"]) <= instance.topology.memory_bytes
 
 
 def test_cli_errors_exit_nonzero_without_output(tmp_path, capsys):
@@ -214,7 +215,8 @@ def test_a_judge_prices_plans_that_other_oracles_guided(tmp_path, small_set):
     assert {r["judge"] for r in records} == {"size"}
     assert {r["oracle"] for r in records if r["solver"] == "random"} == {"size"}
     for r in records:
-        assert r["objective"] == pytest.approx(size.plan_cost(instances[r["instance"]], r["assignment"]))
+        instance = instances[r["instance"]]
+        assert r["objective"] == pytest.approx(size.plan_cost(instance, expand(r["plan"], instance)))
         if r["oracle"] != "size":
             assert r["lower_bound"] is None
     rows = {row.solver for row in leaderboard_rows(records)}

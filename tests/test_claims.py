@@ -18,7 +18,7 @@ from solvers import (
     Status,
     run_solver,
 )
-from solvers.base import _REGISTRY, NoPlan, register
+from solvers.base import _REGISTRY, NoPlan, planned, register
 
 LOOKUP = get_oracle("lookup")
 BUDGET = Budget(5.0)
@@ -28,13 +28,13 @@ BUDGET = Budget(5.0)
 def plugins():
     """Solvers that claim what their plan does not support."""
     def round_robin_claiming_optimal(instance, oracle, budget, seed):
-        return SolveResult(Status.OPTIMAL, assignment=tuple(t % instance.num_devices for t in range(instance.num_tables)))
+        return planned(instance, [t % instance.num_devices for t in range(instance.num_tables)], Status.OPTIMAL)
 
     def claims_infeasible(instance, oracle, budget, seed):
         return SolveResult(Status.INFEASIBLE, reason="trust me")
 
     def nan_bound(instance, oracle, budget, seed):
-        return SolveResult(Status.FEASIBLE, assignment=(0,) * instance.num_tables, lower_bound=math.nan)
+        return planned(instance, (0,) * instance.num_tables, lower_bound=math.nan)
 
     def quick_timeout(instance, oracle, budget, seed):
         return SolveResult(Status.NO_PLAN, reason="ran out of time", no_plan=NoPlan(Cause.TIME_LIMIT))
@@ -101,7 +101,7 @@ def test_byte_counts_near_int64_stay_exact():
     assert sum(instance.table_memory()) == 2 * big
     result = run_solver("cpsat", instance, LOOKUP, BUDGET)
     assert result.status == Status.OPTIMAL
-    assert sorted(result.assignment) == [0, 0, 1, 1]
+    assert sorted(result.plan.assignment) == [0, 0, 1, 1]
     data = instance_to_dict(instance)
     data["tables"][0]["rows"] = 2**61
     with pytest.raises(InstanceError) as caught:

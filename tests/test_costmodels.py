@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from costmodels import UnknownOracleError, get_oracle, heuristic_costs, oracle_names
 from costmodels.base import DeviceCost, Oracle, RecomputingDeviceState
+from instances import Plan
 
 
 def test_heuristic_costs_follow_their_definitions():
@@ -33,9 +34,10 @@ def test_additive_state_and_breakdown_agree(instance, name, data):
     state = oracle.new_state(instance)
     for t, d in enumerate(assignment):
         state.add(t, d)
-    totals = [c.total for c in oracle.device_costs(instance, assignment)]
+    plan = Plan.table_wise(instance, assignment)
+    totals = [c.total for c in oracle.device_costs(instance, plan)]
     assert state.costs() == pytest.approx(totals)
-    assert oracle.plan_cost(instance, assignment) == pytest.approx(max(totals))
+    assert oracle.plan_cost(instance, plan) == pytest.approx(max(totals))
     costs = oracle.table_costs(instance)
     assert sum(totals) == pytest.approx(costs.sum())
     state.remove(0, assignment[0])
@@ -46,8 +48,9 @@ class SquareRootOracle(Oracle):
     """A non-additive oracle (fusion-like: sublinear in the device's lookup work) for protocol tests."""
     name = "sqrt-lookup"
 
-    def device_cost(self, instance, tables):
-        work = sum(instance.tables[t].dim * instance.tables[t].pooling_factor for t in tables)
+    def price_device(self, instance, pieces, members):
+        pooling = np.array([t.pooling_factor for t in instance.tables])[pieces.table]
+        work = (pieces.width * pooling * pieces.lookup_share(instance))[list(members)].sum()
         return DeviceCost(total=math.sqrt(work))
 
 

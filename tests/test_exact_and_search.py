@@ -92,12 +92,11 @@ def test_local_search_never_worsens_its_start_nor_breaks_memory(instance, seed):
     oracle = get_oracle("lookup")
     start = best_greedy(instance, oracle)
     result = run_solver("local-search", instance, oracle, QUICK, seed)
-    if start.assignment is None:
+    if start.plan is None:
         assert not result.has_plan
         return
-    assert result.objective <= oracle.plan_cost(instance, start.assignment) * (1 + 1e-12)
-    memory = np.bincount(result.assignment, weights=instance.table_memory(), minlength=instance.num_devices)
-    assert memory.max() <= instance.topology.memory_bytes
+    assert result.objective <= oracle.plan_cost(instance, start.plan) * (1 + 1e-12)
+    assert max(result.plan.memory_per_device(instance)) <= instance.topology.memory_bytes
 
 
 def test_local_search_and_oracle_greedy_run_on_a_non_additive_oracle():
@@ -114,7 +113,7 @@ def test_local_search_and_oracle_greedy_run_on_a_non_additive_oracle():
 def test_local_search_improves_a_real_task():
     instance = sample_tasks(TaskSpec("autoshard", 80, count=1, memory=MemorySpec(tightness=1.1)))[0]
     oracle = get_oracle("lookup")
-    start = oracle.plan_cost(instance, best_greedy(instance, oracle).assignment)
+    start = oracle.plan_cost(instance, best_greedy(instance, oracle).plan)
     result = run_solver("local-search", instance, oracle, Budget(60.0, max_rounds=50), 0)
     assert result.objective < start
     assert result.stats["steps"] > 0

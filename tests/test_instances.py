@@ -128,15 +128,16 @@ def test_unreadable_and_non_json_files_are_named(tmp_path):
 
 def test_plan_validation_catches_each_defect():
     instance = make_instance([(100, 8, 1.0), (100, 8, 1.0), (100, 8, 1.0)], 2, 100 * 8 * 2 * 2)
-    Plan("t", (0, 1, 0)).validate(instance)
-    with pytest.raises(PlanError, match="places 2 tables"):
-        Plan("t", (0, 1)).validate(instance)
-    with pytest.raises(PlanError, match="not in 0..1"):
-        Plan("t", (0, 2, 1)).validate(instance)
+    plan = lambda assignment: Plan.table_wise(instance, assignment)
+    plan((0, 1, 0)).validate(instance)
+    with pytest.raises(PlanError, match="covers 2 tables"):
+        Plan("t", plan((0, 1, 0)).tables[:2]).validate(instance)
+    with pytest.raises(PlanError, match="table t1: device 2 is not in 0..1"):
+        plan((0, 2, 1)).validate(instance)
     with pytest.raises(PlanError, match="memory capacity"):
-        Plan("t", (0, 0, 0)).validate(instance)
+        plan((0, 0, 0)).validate(instance)
     with pytest.raises(PlanError, match="instance"):
-        Plan("other", (0, 1, 0)).validate(instance)
+        dataclasses.replace(plan((0, 1, 0)), instance_id="other").validate(instance)
 
 
 def test_optimizer_state_counts_in_memory():

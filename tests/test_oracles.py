@@ -19,7 +19,7 @@ from costmodels.measured import (
     synthesize_indices,
 )
 from costmodels.neural import CostNet, NeuralOracle, TrainedModel, train
-from instances import Instance, Topology, Workload
+from instances import Instance, Plan, Topology, Workload
 from instances.dlrm_loader import reuse_bins
 from instances.pool import dlrm_pool
 
@@ -158,7 +158,7 @@ def test_neural_device_state_adds_and_subtracts_embeddings(assignment, kind):
     state = oracle.new_state(instance)
     for t, d in enumerate(assignment):
         state.add(t, d)
-    expected = [c.total for c in oracle.device_costs(instance, assignment)]
+    expected = [c.total for c in oracle.device_costs(instance, Plan.table_wise(instance, assignment))]
     assert state.costs() == pytest.approx(expected, rel=1e-5)
     state.remove(0, assignment[0])
     rest = [t for t in range(1, 5) if assignment[t] == assignment[0]]

@@ -46,10 +46,9 @@ def test_every_solver_returns_a_valid_plan_or_a_justified_failure(instance, orac
         elapsed = time.monotonic() - started
         if result.has_plan:
             assert result.status in (Status.FEASIBLE, Status.OPTIMAL)
-            memory = np.bincount(result.assignment, weights=instance.table_memory(), minlength=instance.num_devices)
-            assert memory.max() <= instance.topology.memory_bytes
-            assert len(result.assignment) == instance.num_tables
-            assert result.objective == pytest.approx(oracle.plan_cost(instance, result.assignment))
+            assert max(result.plan.memory_per_device(instance)) <= instance.topology.memory_bytes
+            assert result.plan.validate(instance) is result.plan
+            assert result.objective == pytest.approx(oracle.plan_cost(instance, result.plan))
         else:
             assert result.status in (Status.INFEASIBLE, Status.NO_PLAN)
             assert result.reason
@@ -100,9 +99,9 @@ def test_seeded_solvers_are_deterministic(name):
     oracle = get_oracle("size")
     budget = Budget(time_limit=60.0, max_rounds=30)  # a round cap makes a search independent of machine speed
     first = run_solver(name, instance, oracle, budget, 7)
-    assert first.assignment == run_solver(name, instance, oracle, budget, 7).assignment
+    assert first.plan == run_solver(name, instance, oracle, budget, 7).plan
     if name in ("random", "random-search"):
-        assert any(run_solver(name, instance, oracle, budget, s).assignment != first.assignment for s in range(1, 6))
+        assert any(run_solver(name, instance, oracle, budget, s).plan != first.plan for s in range(1, 6))
 
 
 def test_lookup_greedy_is_lpt_on_a_textbook_case():
@@ -132,4 +131,4 @@ def test_heuristic_greedy_works_under_a_non_additive_oracle():
     instance = make_instance([(10, 8, p) for p in (1, 2, 3, 4)], 2, 10**6)
     result = run_solver("lookup-greedy", instance, SquareRootOracle(), BUDGET, 0)
     assert result.status == Status.FEASIBLE
-    assert result.objective == pytest.approx(SquareRootOracle().plan_cost(instance, result.assignment))
+    assert result.objective == pytest.approx(SquareRootOracle().plan_cost(instance, result.plan))

@@ -38,7 +38,7 @@ def _bench(suite: Path, *extra) -> subprocess.Popen:
 
 def _deterministic(records):
     """What must not depend on interruptions: per cell, the status, objective and plan."""
-    return {cell_key(r): (r["status"], r.get("objective"), tuple(r.get("assignment") or ())) for r in records}
+    return {cell_key(r): (r["status"], r.get("objective"), json.dumps(r.get("plan"))) for r in records}
 
 
 def _board(records):

@@ -1,0 +1,312 @@
+"""Sharded plans: the five sharding types with TorchRec's meanings, the rules that cut a table into shards
+(TorchRec's own row and column cuts, so that an exported plan is the plan we priced), the plan itself
+(every table one sharding type, every shard one device), its validation, and its JSON: schema 2, with
+schema 1 (a device per table) still loading as all table-wise."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .model import (
+    SHARDING_TYPES,
+    Instance,
+    InstanceError,
+    PlanError,
+    _check_version,
+    _expect_mapping,
+    _is_int,
+    _require,
+    _short,
+    _string,
+    _take,
+    shard_memory_bytes,
+)
+
+TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = SHARDING_TYPES
+COLUMN_ALIGNMENT = 4  # column shard widths are multiples of this (TorchRec's rule for column-wise blocks)
+PLAN_SCHEMA_VERSION = 2
+# What `shardbench solve -o` writes beside a version-1 plan: a report of the run, ignored on loading.
+V1_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
+                  "device_costs", "memory_per_device")
+
+
+# ---------------------------------------------------------------- cutting rules
+
+
+def row_cuts(rows: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """TorchRec's row-wise cut: every part but the tail gets ceil(rows / parts) rows, one part the
+    remainder, the rest none (10 rows on 4 devices: 3, 3, 3, 1; 5 on 4: 2, 2, 1, 0)."""
+    block = math.ceil(rows / parts)
+    full = rows // block
+    sizes = [block if p < full else rows - block * full if p == full else 0 for p in range(parts)]
+    starts = [sum(sizes[:p]) for p in range(parts)]
+    return tuple((s, s + n) for s, n in zip(starts, sizes))
+
+
+def column_cuts(dim: int, parts: int) -> tuple[tuple[int, int], ...]:
+    """Equal column blocks; the caller checks `column_counts` first."""
+    width = dim // parts
+    return tuple((p * width, (p + 1) * width) for p in range(parts))
+
+
+def column_counts(dim: int, num_devices: int) -> tuple[int, ...]:
+    """Column-wise shard counts c = 2, 4, 8, ... while dim / c is a whole multiple of 4 and c fits the
+    devices."""
+    counts, c = [], 2
+    while c <= num_devices and dim % c == 0 and (dim // c) % COLUMN_ALIGNMENT == 0:
+        counts.append(c)
+        c *= 2
+    return tuple(counts)
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Shard:
+    """A rectangle of a table — rows [start, end) × cols [start, end) — on one device."""
+
+    device: int
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+
+    @property
+    def num_rows(self) -> int:
+        return self.rows[1] - self.rows[0]
+
+    @property
+    def width(self) -> int:
+        return self.cols[1] - self.cols[0]
+
+
+@dataclass(frozen=True)
+class TableSharding:
+    """One table's sharding choice and its shards."""
+
+    sharding_type: str
+    shards: tuple[Shard, ...]
+
+    @classmethod
+    def whole(cls, table_rows: int, dim: int, device: int) -> "TableSharding":
+        return cls(TABLE_WISE, (Shard(device, (0, table_rows), (0, dim)),))
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(s.device for s in self.shards)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every table of an instance (in its order) with its sharding type and shards."""
+
+    instance_id: str
+    tables: tuple[TableSharding, ...]
+
+    @classmethod
+    def table_wise(cls, instance: Instance, assignment: Sequence[int]) -> "Plan":
+        """Today's plan: table i whole on device assignment[i]."""
+        return cls(instance.id, tuple(TableSharding.whole(t.rows, t.dim, int(d))
+                                      for t, d in zip(instance.tables, assignment)))
+
+    @property
+    def is_table_wise(self) -> bool:
+        return all(t.sharding_type == TABLE_WISE for t in self.tables)
+
+    @property
+    def assignment(self) -> tuple[int, ...]:
+        """The device of every table of a table-wise plan."""
+        if not self.is_table_wise:
+            raise PlanError("the plan splits tables: it has no single device per table")
+        return tuple(t.shards[0].device for t in self.tables)
+
+    def sharding_types(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for t in self.tables:
+            counts[t.sharding_type] = counts.get(t.sharding_type, 0) + 1
+        return counts
+
+    def memory_per_device(self, instance: Instance) -> tuple[int, ...]:
+        used = [0] * instance.num_devices
+        for table, sharding in zip(instance.tables, self.tables):
+            for shard in sharding.shards:
+                used[shard.device] += shard_memory_bytes(table, instance.workload, shard.num_rows, shard.width)
+        return tuple(used)
+
+    def validate(self, instance: Instance) -> "Plan":
+        """Every table's shards tile it exactly once (data-parallel: one full replica per device), with a
+        sharding type the instance allows for it, on devices that exist, and no device over its memory.
+        Errors name the table and the reason."""
+        if self.instance_id != instance.id:
+            raise PlanError(f"plan is for instance {self.instance_id!r}, not {instance.id!r}")
+        if len(self.tables) != instance.num_tables:
+            raise PlanError(f"plan covers {len(self.tables)} tables, instance has {instance.num_tables}")
+        for table, sharding in zip(instance.tables, self.tables):
+            problem = _tiling_problem(instance, table.rows, table.dim, sharding)
+            if problem is None and sharding.sharding_type not in instance.allowed_types(table):
+                problem = f"sharding type {sharding.sharding_type} is not allowed for this table"
+            if problem:
+                raise PlanError(f"table {table.name}: {problem}")
+        capacity = instance.topology.memory_bytes
+        over = [(d, m) for d, m in enumerate(self.memory_per_device(instance)) if m > capacity]
+        if over:
+            detail = ", ".join(f"device {d} uses {m} B" for d, m in over[:5])
+            raise PlanError(f"memory capacity {capacity} B exceeded: {detail}")
+        return self
+
+
+def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableSharding) -> str | None:
+    kind, shards = sharding.sharding_type, sharding.shards
+    topo = instance.topology
+    if kind not in SHARDING_TYPES:
+        return f"unknown sharding type {kind!r}"
+    if not shards:
+        return "has no shards"
+    for shard in shards:
+        if not (_is_int(shard.device) and 0 <= shard.device < topo.num_devices):
+            return f"device {shard.device!r} is not in 0..{topo.num_devices - 1}"
+        (r0, r1), (c0, c1) = shard.rows, shard.cols
+        if not (0 <= r0 <= r1 <= rows and 0 <= c0 < c1 <= dim):
+            return f"shard rows [{r0}, {r1}) × cols [{c0}, {c1}) is not inside the table ({rows} × {dim})"
+    full_rows = all(s.rows == (0, rows) for s in shards)
+    full_cols = all(s.cols == (0, dim) for s in shards)
+    devices = sorted(s.device for s in shards)
+    if kind == TABLE_WISE:
+        return None if len(shards) == 1 and full_rows and full_cols else "table_wise needs one shard of the whole table"
+    if kind == DATA_PARALLEL:
+        if not (full_rows and full_cols):
+            return "data_parallel shards must each be the whole table"
+        return None if devices == list(range(topo.num_devices)) else "data_parallel needs one replica on every device"
+    if kind == COLUMN_WISE:
+        if not full_rows:
+            return "column_wise shards must hold every row"
+        if len(shards) < 2:
+            return "column_wise needs at least 2 shards"
+        if any(s.width % COLUMN_ALIGNMENT for s in shards):
+            return f"column_wise shard widths must be multiples of {COLUMN_ALIGNMENT}"
+        return _gap_or_overlap(sorted(s.cols for s in shards), dim, "columns")
+    if not full_cols:
+        return f"{kind} shards must hold every column"
+    if kind == ROW_WISE:
+        expected = list(range(topo.num_devices))
+    else:
+        node = shards[0].device // topo.devices_per_node
+        expected = list(range(node * topo.devices_per_node, (node + 1) * topo.devices_per_node))
+    if devices != expected:
+        return (f"{kind} needs one shard on every device" if kind == ROW_WISE else
+                "table_row_wise needs one shard on every device of one node")
+    return _gap_or_overlap(sorted(s.rows for s in shards), rows, "rows")
+
+
+def _gap_or_overlap(ranges: list[tuple[int, int]], size: int, what: str) -> str | None:
+    at = 0
+    for start, end in ranges:
+        if start != at:
+            return f"{what} {at}..{start} are {'missing' if start > at else 'covered twice'}"
+        at = end
+    return None if at == size else f"{what} {at}..{size} are missing"
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def plan_to_dict(plan: Plan, instance: Instance, report: dict | None = None) -> dict:
+    out = {"schema_version": PLAN_SCHEMA_VERSION, "kind": "placement", "instance_id": plan.instance_id,
+           "tables": [{"name": table.name, "sharding_type": sharding.sharding_type,
+                       "shards": [{"device": s.device, "rows": list(s.rows), "cols": list(s.cols)}
+                                  for s in sharding.shards]}
+                      for table, sharding in zip(instance.tables, plan.tables)]}
+    if report:
+        out["report"] = report
+    return out
+
+
+def _pair(value: Any, path: str) -> tuple[int, int]:
+    _require(isinstance(value, list) and len(value) == 2 and all(_is_int(v) for v in value), path,
+             f"must be [start, end) as two integers, got {_short(value)}")
+    return int(value[0]), int(value[1])
+
+
+def plan_from_dict(data: Any, instance: Instance) -> Plan:
+    """Reads a plan for `instance` (tables by name, in any order; a version-1 plan is all table-wise).
+    The result is not validated against the instance yet: call `validate`."""
+    data = _expect_mapping(data, "plan")
+    version = _check_version(data, (1, PLAN_SCHEMA_VERSION))
+    if version == 1:
+        values = _take(data, "", ("schema_version", "instance_id", "assignment"), ("kind", *V1_REPORT_KEYS))
+    else:
+        values = _take(data, "", ("schema_version", "instance_id", "tables"), ("kind", "report"))
+    _require(values.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {_short(values.get('kind'))}")
+    instance_id = _string(values["instance_id"], "instance_id")
+    if version == 1:
+        assignment = values["assignment"]
+        _require(isinstance(assignment, list), "assignment", "must be a list of device indices")
+        _require(len(assignment) == instance.num_tables, "assignment",
+                 f"places {len(assignment)} tables, instance {instance.id!r} has {instance.num_tables}")
+        for i, device in enumerate(assignment):
+            _require(_is_int(device), f"assignment[{i}]", f"must be a device index, got {_short(device)}")
+        return Plan(instance_id, tuple(TableSharding.whole(t.rows, t.dim, d) for t, d in zip(instance.tables, assignment)))
+    tables = values["tables"]
+    _require(isinstance(tables, list), "tables", "must be a list")
+    by_name: dict[str, TableSharding] = {}
+    for i, entry in enumerate(tables):
+        path = f"tables[{i}]"
+        entry = _take(_expect_mapping(entry, path), path, ("name", "sharding_type", "shards"))
+        name = _string(entry["name"], f"{path}.name")
+        _require(name not in by_name, f"{path}.name", f"table {name!r} appears twice")
+        _require(isinstance(entry["sharding_type"], str) and entry["sharding_type"] in SHARDING_TYPES,
+                 f"{path}.sharding_type", f"must be one of {SHARDING_TYPES}, got {_short(entry['sharding_type'])}")
+        _require(isinstance(entry["shards"], list) and entry["shards"], f"{path}.shards", "must be a non-empty list")
+        shards = []
+        for j, shard in enumerate(entry["shards"]):
+            spath = f"{path}.shards[{j}]"
+            shard = _take(_expect_mapping(shard, spath), spath, ("device", "rows", "cols"))
+            _require(_is_int(shard["device"]), f"{spath}.device", f"must be a device index, got {_short(shard['device'])}")
+            shards.append(Shard(shard["device"], _pair(shard["rows"], f"{spath}.rows"), _pair(shard["cols"], f"{spath}.cols")))
+        by_name[name] = TableSharding(entry["sharding_type"], tuple(shards))
+    names = [t.name for t in instance.tables]
+    unknown = sorted(set(by_name) - set(names))
+    _require(not unknown, "tables", f"table {unknown[0]!r} is not in instance {instance.id!r}" if unknown else "")
+    missing = [n for n in names if n not in by_name]
+    _require(not missing, "tables", f"table {missing[0]!r} of instance {instance.id!r} has no sharding" if missing else "")
+    return Plan(instance_id, tuple(by_name[n] for n in names))
+
+
+def compact(plan: Plan, instance: Instance) -> list[list]:
+    """A plan cut by the standard rules as [type, devices...] per table (table-wise: its device; column-
+    wise: each column block's device; table-row-wise: its node; row-wise and data-parallel: nothing),
+    for results stores."""
+    out = []
+    for table, sharding in zip(instance.tables, plan.tables):
+        kind = sharding.sharding_type
+        if kind in (TABLE_WISE, COLUMN_WISE):
+            out.append([kind, *sharding.devices])
+        elif kind == TABLE_ROW_WISE:
+            out.append([kind, sharding.shards[0].device // instance.topology.devices_per_node])
+        else:
+            out.append([kind])
+    if expand(out, instance) != plan:
+        raise InstanceError("plan", "is not cut by the standard rules; store it with plan_to_dict")
+    return out
+
+
+def expand(entries: list[list], instance: Instance) -> Plan:
+    """The plan that `compact` wrote."""
+    topo = instance.topology
+    tables = []
+    for table, (kind, *devices) in zip(instance.tables, entries):
+        full_rows, full_cols = (0, table.rows), (0, table.dim)
+        if kind == TABLE_WISE:
+            shards = (Shard(devices[0], full_rows, full_cols),)
+        elif kind == COLUMN_WISE:
+            shards = tuple(Shard(d, full_rows, c) for d, c in zip(devices, column_cuts(table.dim, len(devices))))
+        elif kind == ROW_WISE:
+            shards = tuple(Shard(d, r, full_cols) for d, r in enumerate(row_cuts(table.rows, topo.num_devices)))
+        elif kind == TABLE_ROW_WISE:
+            first = devices[0] * topo.devices_per_node
+            shards = tuple(Shard(first + i, r, full_cols)
+                           for i, r in enumerate(row_cuts(table.rows, topo.devices_per_node)))
+        else:
+            shards = tuple(Shard(d, full_rows, full_cols) for d in range(topo.num_devices))
+        tables.append(TableSharding(kind, shards))
+    return Plan(instance.id, tuple(tables))
