@@ -116,7 +116,7 @@ KINDS = {
     "dataset": Kind("dataset", _dataset_doc, _jsonl, frozenset({"id", "split", "pool_indices", "dims", "features",
                                                                 "batch", "forward_s", "backward_s", "total_s"}), False),
     "store": Kind("store", _store_doc, _jsonl, frozenset({"instance", "solver", "oracle", "time_limit", "seed",
-                                                          "status"}), False),
+                                                          "status", "solve_time"}), False),
 }
 
 

@@ -88,7 +88,8 @@ def test_a_second_bench_process_on_the_same_store_is_refused(tmp_path):
 
 def test_store_lock_and_truncated_line_repair(tmp_path):
     path = tmp_path / "s.jsonl"
-    record = {"instance": "i", "solver": "lpt", "oracle": "lookup", "time_limit": 1.0, "seed": 0, "status": "no_plan"}
+    record = {"instance": "i", "solver": "lpt", "oracle": "lookup", "time_limit": 1.0, "seed": 0, "status": "no_plan",
+              "solve_time": 0.1}
     with Store(path) as store:
         with pytest.raises(StoreError, match="another bench process"):
             Store(path)
