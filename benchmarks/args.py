@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from instances import SHARDING_TYPES
 from solvers import MAX_SEED, MAX_TIME_LIMIT
 
 EXIT_ERROR = 2
@@ -38,3 +39,17 @@ def number(kind, low=None, high=None, low_open=False, what="value"):
 TIME_LIMIT = number(float, 0, MAX_TIME_LIMIT, low_open=True, what="seconds")
 SEED = number(int, 0, MAX_SEED, what="seed")
 POSITIVE = number(int, 1, what="count")
+
+
+def sharding_types(text: str) -> tuple[str, ...]:
+    """A comma-separated list of sharding types, or `all`."""
+    if text.strip() == "all":
+        return SHARDING_TYPES
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in SHARDING_TYPES]
+    if not kinds or bad or len(set(kinds)) != len(kinds):
+        raise argparse.ArgumentTypeError(f"must be 'all' or distinct names from {', '.join(SHARDING_TYPES)}, got {text!r}")
+    return kinds
+
+
+sharding_types.__name__ = "sharding types"

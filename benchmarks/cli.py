@@ -3,6 +3,7 @@ solvers and oracles. Errors print one line naming the problem and exit non-zero,
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
@@ -10,29 +11,32 @@ import numpy as np
 
 from costmodels import UnknownOracleError, get_oracle, oracle_names
 from instances import (
+    Instance,
     InstanceError,
     PlanError,
     load_instance,
     load_instances,
+    load_plan,
     save_instance_set,
     save_plan,
 )
 from instances.dlrm_loader import load_raw_tables
 from instances.io import check_output_path, write_json_atomic, write_text_atomic
-from instances.model import DTYPE_BYTES, OPTIMIZERS, Workload
+from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
     Budget,
     BudgetError,
+    Problem,
     SolverOracleMismatch,
     UnknownSolverError,
-    additive_lower_bounds,
     get_solver,
+    option_bounds,
     run_solver,
     solver_names,
 )
 
-from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number
+from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
 from .metrics import gap_to_bound
 from .rows_cli import add_commands as add_row_commands
 from .store import StoreError
@@ -44,10 +48,17 @@ EXIT_NO_PLAN = 3
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
+    devices = args.devices
+    if args.devices_per_node is not None:
+        if devices is not None and devices != args.nodes * args.devices_per_node:
+            raise InstanceError("--devices", f"{devices} is not --nodes × --devices-per-node = "
+                                f"{args.nodes * args.devices_per_node}")
+        devices = args.nodes * args.devices_per_node
     spec = TaskSpec(protocol=args.protocol, num_tables=args.tables, split=args.split, seed=args.seed,
-                    num_devices=args.devices, count=args.count, unseen_ratio=args.unseen_ratio,
+                    num_devices=devices, count=args.count, unseen_ratio=args.unseen_ratio,
                     memory=MemorySpec(args.capacity_bytes, args.tightness), dtype=args.dtype,
-                    workload=Workload(batch_size=args.batch_size, optimizer=args.optimizer, dtype=args.dtype))
+                    workload=Workload(batch_size=args.batch_size, optimizer=args.optimizer, dtype=args.dtype),
+                    nodes=args.nodes, sharding_types=args.sharding_types)
     pool = load_raw_pool(args.pool) if args.pool else None
     tasks = sample_tasks(spec, pool)
     description = {"protocol": spec.protocol, "split": spec.split, "seed": spec.seed, "num_tables": spec.num_tables,
@@ -110,19 +121,30 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def restrict(instance: Instance, types: tuple[str, ...] | None) -> Instance:
+    """The instance planned with only `types` (the CLI's --sharding-types); every table must keep one."""
+    restricted = instance.restricted_to(types)
+    for table in restricted.tables:
+        if not restricted.allowed_types(table):
+            raise InstanceError("--sharding-types", f"leaves table {table.name} no sharding type it allows "
+                                f"(it allows {', '.join(instance.allowed_types(table))})")
+    return restricted
+
+
 def _cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o")
-    instance = load_instance(args.instance)
+    instance = restrict(load_instance(args.instance), args.sharding_types)
     oracle = get_oracle(args.oracle)
     result = run_solver(args.solver, instance, oracle, Budget(args.time_limit), args.seed)
-    print(f"{args.solver} on {instance.id} under {oracle.name}: {result.status.value}")
+    print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
+          f"{result.status.value}")
     if result.reason:
         print(f"  {result.reason}")
-    if oracle.additive:
-        bounds = additive_lower_bounds(oracle.table_costs(instance), instance.num_devices)
-        if result.lower_bound is not None:
-            bounds["best"] = result.lower_bound
+    bounds = option_bounds(Problem(instance, oracle).candidates) if oracle.additive else {}
+    if result.lower_bound is not None:
+        bounds["best"] = result.lower_bound
+    if bounds:
         print("  lower bounds: " + ", ".join(f"{k} {v:.6g}" for k, v in bounds.items()))
     if result.plan is None:
         return EXIT_NO_PLAN
@@ -130,15 +152,52 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     gap = gap_to_bound(result.objective, result.lower_bound) if result.lower_bound is not None else None
     print(f"  objective (max device cost): {result.objective:.6g} {oracle.unit}; balance "
           f"{min(costs) / max(costs) if max(costs) > 0 else 1.0:.3f}")
+    print("  sharding types: " + ", ".join(f"{k} {v}" for k, v in result.plan.sharding_types().items()))
     if gap is not None:
-        print(f"  gap to best lower bound: {100 * gap:.4f} %")
+        print(f"  gap to best lower bound: {100 * gap:.4f} %"
+              + (" (over the enumerated options)" if result.stats.get("optimal_over") else ""))
     if args.output:
         plan = result.plan
         save_plan(plan, instance, args.output, report={
             "solver": args.solver, "oracle": oracle.name, "status": result.status.value, "seed": args.seed,
-            "time_limit": args.time_limit, "objective": result.objective, "lower_bound": result.lower_bound,
-            "gap": gap, "device_costs": costs, "memory_per_device": list(plan.memory_per_device(instance))})
+            "time_limit": args.time_limit, "sharding_types": list(instance.sharding_types),
+            "objective": result.objective, "lower_bound": result.lower_bound, "gap": gap,
+            "optimal_over": result.stats.get("optimal_over"), "device_costs": costs,
+            "memory_per_device": list(plan.memory_per_device(instance))})
         print(f"  plan written to {args.output}")
+    return 0
+
+
+def _cmd_show_plan(args: argparse.Namespace) -> int:
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan, instance)
+    oracle = get_oracle(args.oracle)
+    costs = oracle.device_costs(instance, plan)
+    memory = plan.memory_per_device(instance)
+    capacity = instance.topology.memory_bytes
+    totals = [c.total for c in costs]
+    types = ", ".join(f"{k} {v}" for k, v in plan.sharding_types().items())
+    print(f"plan for {instance.id}: {instance.num_tables} tables ({types}) on {instance.num_devices} devices "
+          f"({instance.topology.nodes} node(s) × {instance.topology.devices_per_node})")
+    print(f"under {oracle.name}: max device cost {max(totals):.6g} {oracle.unit}, balance "
+          f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {max(memory) / 2**30:.3f} GiB "
+          f"of {capacity / 2**30:.3f} GiB")
+    shards: list[list[str]] = [[] for _ in range(instance.num_devices)]
+    for table, sharding in zip(instance.tables, plan.tables):
+        for shard in sharding.shards:
+            part = ""
+            if sharding.sharding_type in ("row_wise", "table_row_wise"):
+                part = f" rows {shard.rows[0]}:{shard.rows[1]}"
+            elif sharding.sharding_type == "column_wise":
+                part = f" cols {shard.cols[0]}:{shard.cols[1]}"
+            shards[shard.device].append(f"{table.name} {sharding.sharding_type}{part}")
+    for d, (cost, used) in enumerate(zip(costs, memory)):
+        breakdown = (f" (forward {cost.forward_compute:.4g}, backward {cost.backward_compute:.4g}, forward comm "
+                     f"{cost.forward_comm:.4g}, backward comm {cost.backward_comm:.4g})" if oracle.has_breakdown else "")
+        print(f"device {d}: cost {cost.total:.6g}{breakdown}; memory {used / 2**30:.3f} GiB ({used / capacity:.1%}); "
+              f"{len(shards[d])} shards")
+        if not args.brief:
+            print("  " + "; ".join(shards[d]))
     return 0
 
 
@@ -255,11 +314,11 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def _cmd_solvers(args: argparse.Namespace) -> int:
-    print(f"{'name':<22} {'exact':<6} {'additive':<9} {'stochastic':<11} kinds        description")
+    print(f"{'name':<20} {'exact':<6} {'additive':<9} {'stochastic':<11} {'splits':<8} description")
     for name in solver_names():
         info = get_solver(name)
-        print(f"{name:<22} {'yes' if info.exact else 'no':<6} {'needs' if info.needs_additive else 'any':<9} "
-              f"{'yes' if info.stochastic else 'no':<11} {','.join(info.kinds):<12} {info.description}")
+        print(f"{name:<20} {'yes' if info.exact else 'no':<6} {'needs' if info.needs_additive else 'any':<9} "
+              f"{'yes' if info.stochastic else 'no':<11} {'yes' if info.splits else 'whole':<8} {info.description}")
     return 0
 
 
@@ -285,6 +344,10 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--protocol", choices=PROTOCOLS, default="autoshard")
     sample.add_argument("--tables", type=POSITIVE, required=True)
     sample.add_argument("--devices", type=POSITIVE, help="default: tables/10 (AutoShard), 4 (DreamShard)")
+    sample.add_argument("--nodes", type=POSITIVE, default=1, help="nodes the devices are spread over (default 1)")
+    sample.add_argument("--devices-per-node", type=POSITIVE, help="devices per node (then devices = nodes × this)")
+    sample.add_argument("--sharding-types", type=sharding_types, default=SHARDING_TYPES,
+                        help="allowed sharding types, comma-separated, or 'all' (default)")
     sample.add_argument("--split", choices=SPLITS, default="test")
     sample.add_argument("--count", type=POSITIVE, help="keep only the first COUNT tasks of the split")
     sample.add_argument("--seed", type=SEED, default=0)
@@ -317,8 +380,17 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--oracle", default="lookup")
     solve.add_argument("--time-limit", type=TIME_LIMIT, default=10.0)
     solve.add_argument("--seed", type=SEED, default=0)
+    solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
+                       "comma-separated or 'all' (default: the instance's)")
     solve.add_argument("-o", "--output", help="write the validated plan here")
     solve.set_defaults(func=_cmd_solve)
+
+    show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown")
+    show_plan.add_argument("plan")
+    show_plan.add_argument("--instance", required=True)
+    show_plan.add_argument("--oracle", default="analytic")
+    show_plan.add_argument("--brief", action="store_true", help="leave out the list of shards per device")
+    show_plan.set_defaults(func=_cmd_show_plan)
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
     bench.add_argument("suite")
@@ -381,5 +453,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
 
 
+def entry() -> int:
+    """The console script: a closed pipe (`shardbench ... | head`) ends the command quietly, as in any CLI."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(entry())

@@ -37,6 +37,18 @@ def base_instance() -> Instance:
     return Instance("fuzz", tables, Topology(1, 2, 1 << 30), Workload(batch_size=512)).validate()
 
 
+def _plan_doc() -> dict:
+    from instances.sharding import Plan, Shard, TableSharding, plan_to_dict, row_cuts
+
+    instance = base_instance()
+    a, b, seq = instance.tables
+    plan = Plan(instance.id, (
+        TableSharding("column_wise", (Shard(0, (0, a.rows), (0, 8)), Shard(1, (0, a.rows), (8, 16)))),
+        TableSharding("table_wise", (Shard(1, (0, b.rows), (0, b.dim)),)),
+        TableSharding("row_wise", tuple(Shard(d, r, (0, seq.dim)) for d, r in enumerate(row_cuts(seq.rows, 2))))))
+    return plan_to_dict(plan, instance)
+
+
 def _suite_doc() -> dict:
     return {"name": "fuzz", "instances": "set", "results": "out/fuzz.jsonl", "solvers": ["lpt"],
             "oracles": ["lookup"], "time_limits": [1.0], "seeds": [0], "random_seeds": [0], "workers": 1}
@@ -109,6 +121,8 @@ INSTANCE_KEYS = frozenset({"schema_version", "id", "topology", "tables", "name",
                            "count", "mapping"})
 KINDS = {
     "instance": Kind("instance", lambda: instance_to_dict(base_instance()), _json, INSTANCE_KEYS, True),
+    "plan": Kind("plan", _plan_doc, _json, frozenset({"schema_version", "instance_id", "tables", "name",
+                                                     "sharding_type", "shards", "device", "rows", "cols"}), True),
     "manifest": Kind("manifest", lambda: {"protocol": "fuzz", "instances": ["fuzz.json"]}, _json,
                      frozenset({"instances"}), False),
     "suite": Kind("suite", _suite_doc, toml_text, frozenset({"name", "instances", "results", "solvers", "oracles"}), True),
@@ -314,6 +328,11 @@ def _instance_file(work: Path) -> Path:
     return work / "instance.json"
 
 
+def _plan_file(work: Path) -> Path:
+    (work / "instance.json").write_text(_json(instance_to_dict(base_instance())))
+    return work / "plan.json"
+
+
 def _set_with_manifest(work: Path) -> Path:
     (work / "set").mkdir()
     (work / "set" / "fuzz.json").write_text(_json(instance_to_dict(base_instance())))
@@ -339,6 +358,8 @@ TARGETS = (
     Target("solve", "instance", lambda f, o: ["solve", str(f), "--solver", "lpt", "-o", str(o)], _instance_file),
     Target("flexshard", "instance", lambda f, o: ["flexshard", str(f), "-o", str(o)], _instance_file),
     Target("buckets", "instance", lambda f, o: ["buckets", str(f), "--trainers", "4", "-o", str(o)], _instance_file),
+    Target("show-plan", "plan", lambda f, o: ["show-plan", str(f), "--instance", str(f.parent / "instance.json")],
+           _plan_file),
     Target("instances validate (set)", "manifest", lambda f, o: ["instances", "validate", str(f.parent)],
            _set_with_manifest),
     Target("instances sample --pool", "pool", lambda f, o: ["instances", "sample", "--pool", str(f), "--tables", "2",

@@ -1,6 +1,7 @@
-"""Turns result records into the leaderboard: per oracle, time limit and solver, mean ± std of the
-metrics over the cells that produced a plan, next to counts of every cell that did not (infeasible,
-no plan, error), so that nothing is silently dropped; plus a PNG plot."""
+"""Turns result records into the leaderboard: per oracle, time limit and solver (and sharding setting),
+mean ± std of the metrics over the cells that produced a plan, next to counts of every cell that did not
+(infeasible, no plan, error), so that nothing is silently dropped; plus a PNG plot. Where a suite plans
+under several sharding settings, each row also shows its plans against the best plan of any setting."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -9,8 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
+from .analysis import (
+    INSTANCE_SETTING,
+    TABLE_WISE_SETTING,
+    best_bounds,
+    best_objectives,
+    judge_of,
+    random_objectives,
+    setting_of,
+)
 from .metrics import gap_to_bound, speedup_over_random
-from .runner import best_bounds, judge_of, random_objectives
 from .store import cell_key
 
 
@@ -34,6 +43,7 @@ class Row:
     within_0_1pct: int
     time: tuple[float, float]
     time_median: float
+    versus_best: tuple[float, float]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -47,17 +57,17 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
     # means must come out identical to the last bit.
     records = sorted(records, key=lambda r: tuple(map(str, cell_key(r))))
     randoms, (bounds, _) = random_objectives(records), best_bounds(records)
+    best = best_objectives(records)
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for r in records:
-        label = r["solver"] if judge_of(r) == r["oracle"] else f"{r['solver']} ← {r['oracle']}"
-        groups[(judge_of(r), r["time_limit"], label)].append(r)
+        groups[(judge_of(r), r["time_limit"], row_label(r))].append(r)
     rows = []
     for (oracle, limit, solver), group in groups.items():
         planned = [r for r in group if r.get("objective") is not None]
         speedups = [speedup_over_random(randoms[(r["instance"], oracle)], r["objective"])
                     for r in planned if (r["instance"], oracle) in randoms]
-        gaps = [gap_to_bound(r["objective"], bounds[(r["instance"], oracle)])
-                for r in planned if (r["instance"], oracle) in bounds]
+        gaps = [gap_to_bound(r["objective"], bounds[(r["instance"], oracle, setting_of(r))])
+                for r in planned if (r["instance"], oracle, setting_of(r)) in bounds]
         times = [r["solve_time"] for r in group]
         rows.append(Row(
             oracle=oracle, time_limit=limit, solver=solver, cells=len(group), with_plan=len(planned),
@@ -70,9 +80,23 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
             speedup=_mean_std(speedups), speedup_cells=len(speedups),
             gap=_mean_std(gaps), gap_cells=len(gaps), within_0_1pct=sum(g <= 1e-3 for g in gaps),
             time=_mean_std(times), time_median=float(np.median(times)),
+            versus_best=_mean_std([r["objective"] / best[(r["instance"], oracle)] for r in planned
+                                   if best[(r["instance"], oracle)] > 0]),
         ))
     rows.sort(key=lambda row: (row.oracle, row.time_limit, np.nan_to_num(row.gap[0], nan=np.inf), row.solver))
     return rows
+
+
+def setting_label(setting: str) -> str:
+    return "split" if setting == INSTANCE_SETTING else setting.replace(",", "+")
+
+
+def row_label(record: dict) -> str:
+    """The solver, the oracle that guided it where a separate judge priced the plan, and the sharding
+    setting where it is not table-wise."""
+    label = record["solver"] if judge_of(record) == record["oracle"] else f"{record['solver']} ← {record['oracle']}"
+    setting = setting_of(record)
+    return label if setting == TABLE_WISE_SETTING else f"{label} [{setting_label(setting)}]"
 
 
 def _fmt(pair: tuple[float, float], scale: float = 1.0, digits: int = 3, suffix: str = "", general: bool = False) -> str:
@@ -86,21 +110,28 @@ def _fmt(pair: tuple[float, float], scale: float = 1.0, digits: int = 3, suffix:
 def leaderboard_markdown(records: list[dict], title: str) -> str:
     rows = leaderboard_rows(records)
     lines = [f"#### {title}", ""]
+    settings = {setting_of(rec) for rec in records}
+    versus = len(settings) > 1
     for (oracle, limit) in dict.fromkeys((r.oracle, r.time_limit) for r in rows):
         part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
         instances = len({rec["instance"] for rec in records if judge_of(rec) == oracle and rec["time_limit"] == limit})
         guided = any(judge_of(rec) != rec["oracle"] for rec in records if judge_of(rec) == oracle)
         lines += [f"{'judged by' if guided else 'oracle'} `{oracle}`, time limit {limit:g} s, {instances} instances"
                   + (" (`solver ← oracle`: the oracle that guided the solver)" if guided else "")
-                  + ". Means ± std over cells with a plan; every other cell is counted in its column.", "",
+                  + ". Means ± std over cells with a plan; every other cell is counted in its column."
+                  + (" `[split]`: planned with the instance's sharding types (others: whole tables); the gap is "
+                     "to the bound of the problem the row solved, `× best plan` is its max device cost over the "
+                     "best plan of any row on the same instance." if versus else ""), "",
                   "| solver | plans | optimal | infeasible | no plan | errors | max device cost | balance "
-                  "| speedup over random | gap to bound | ≤0.1 % gap | time (s) mean ± std | time median |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| speedup over random | gap to bound | ≤0.1 % gap |" + (" × best plan |" if versus else "")
+                  + " time (s) mean ± std | time median |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if versus else "")]
         for r in part:
             lines.append(
                 f"| {r.solver} | {r.with_plan}/{r.cells} | {r.optimal} | {r.infeasible} | {r.no_plan} | {r.errors} "
                 f"| {_fmt(r.objective, digits=4, general=True)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
-                f"| {r.within_0_1pct}/{r.gap_cells} | {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
+                f"| {r.within_0_1pct}/{r.gap_cells} |" + (f" {_fmt(r.versus_best)} |" if versus else "")
+                + f" {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
         lines.append("")
     conflicts = best_bounds(records)[1]
     if conflicts:

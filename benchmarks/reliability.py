@@ -155,17 +155,17 @@ def misbehaving(work: Path) -> list[str]:
     from .runner import run_suite
     from .suite import load_suite
 
-    def raises(instance, oracle, budget, seed):
+    def raises(problem, budget, seed):
         raise RuntimeError("boom")
 
-    def hangs(instance, oracle, budget, seed):
+    def hangs(problem, budget, seed):
         time.sleep(3600)
 
-    def dies(instance, oracle, budget, seed):
+    def dies(problem, budget, seed):
         os._exit(9)
 
-    def cheats(instance, oracle, budget, seed):
-        return planned(instance, (0,) * instance.num_tables)
+    def cheats(problem, budget, seed):
+        return planned(problem.instance, (0,) * problem.instance.num_tables)
 
     names = {"r-raises": raises, "r-hangs": hangs, "r-dies": dies, "r-cheats": cheats}
     for name, fn in names.items():

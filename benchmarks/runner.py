@@ -4,7 +4,6 @@ Finished cells are appended to the results store at once; cells already there ar
 from __future__ import annotations
 
 import ctypes
-import math
 import multiprocessing as mp
 import os
 import signal
@@ -16,7 +15,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Callable, Iterable
 
-import numpy as np
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -28,8 +26,9 @@ from rich.progress import (
 from costmodels import get_oracle
 from instances import Instance, load_instances
 from instances.sharding import compact
-from solvers import Budget, best_additive_lower_bound, get_solver, run_solver
+from solvers import Budget, Candidates, best_option_bound, get_solver, run_solver
 
+from .analysis import TABLE_WISE_SETTING, setting_types
 from .metrics import degree_of_balance
 from .store import Store, cell_key
 from .suite import Suite
@@ -40,7 +39,7 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 @dataclass(frozen=True)
 class Cell:
     """`oracle` guides the solver; `judge` prices the plan it returns (the same oracle unless the suite
-    names a judge)."""
+    names a judge); `sharding` is the setting the instance is planned under (analysis.setting_types)."""
 
     instance: Instance
     solver: str
@@ -48,14 +47,20 @@ class Cell:
     time_limit: float
     seed: int
     judge: str
+    sharding: str = TABLE_WISE_SETTING
 
     @property
     def key(self) -> tuple:
-        return (self.instance.id, self.solver, self.oracle, self.time_limit, self.seed, self.judge)
+        return (self.instance.id, self.solver, self.oracle, self.time_limit, self.seed, self.judge, self.sharding)
+
+    @property
+    def planned_instance(self) -> Instance:
+        types = setting_types(self.sharding)
+        return self.instance.restricted_to(None if types is None else tuple(types))
 
     def record_base(self) -> dict:
         return {"instance": self.instance.id, "solver": self.solver, "oracle": self.oracle,
-                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge}
+                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge, "sharding": self.sharding}
 
 
 def kill_deadline(time_limit: float) -> float:
@@ -66,7 +71,9 @@ def kill_deadline(time_limit: float) -> float:
 def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
     """Deterministic solvers run once (seed 0) per setting; random runs with the suite's random seeds,
     always, because speedups are measured against it; other stochastic solvers with the suite's seeds.
-    Random ignores its oracle, so under a separate judge it runs once, guided by the judge itself."""
+    Random ignores its oracle, so under a separate judge it runs once, guided by the judge itself.
+    Solvers that split run under each of the suite's sharding settings; the others place whole tables and
+    run once, under table-wise."""
     guides = suite.oracles if suite.judge is None else tuple(dict.fromkeys((suite.judge, *suite.oracles)))
     additive = {name: get_oracle(name).additive for name in guides}  # a neural oracle loads weights: once
     others = [s for s in suite.solvers if s != "random"]
@@ -83,29 +90,34 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
                     if info.needs_additive and not additive[oracle]:
                         continue
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle) for s in seeds)
+                    settings = suite.sharding if info.splits else (TABLE_WISE_SETTING,)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting)
+                                 for setting in settings for s in seeds)
     return cells
 
 
 def execute_cell(cell: Cell) -> dict:
     oracle = get_oracle(cell.oracle)
     judge = oracle if cell.judge == cell.oracle else get_oracle(cell.judge)
-    instance = cell.instance
+    instance = cell.planned_instance
     start = time.perf_counter()
     result = run_solver(cell.solver, instance, oracle, Budget(cell.time_limit), cell.seed)
     elapsed = time.perf_counter() - start
     # A bound proved under the guiding oracle says nothing about the judge's costs.
+    if judge is oracle:
+        instance_bound = result.stats.get("option_bound")
+    else:
+        instance_bound = best_option_bound(Candidates.build(instance, judge)) if judge.additive else None
     record = {**cell.record_base(), "status": result.status.value, "reason": result.reason,
               "solve_time": elapsed, "lower_bound": result.lower_bound if judge is oracle else None,
               "stats": dict(result.stats), "num_tables": instance.num_tables, "num_devices": instance.num_devices,
-              "instance_bound": (best_additive_lower_bound(judge.table_costs(instance), instance.num_devices)
-                                 if judge.additive else None)}
+              "instance_bound": instance_bound}
     if result.plan is not None:
         costs = [c.total for c in judge.device_costs(instance, result.plan)]
         memory = list(result.plan.memory_per_device(instance))
         record.update(objective=max(costs), device_costs=costs, balance=degree_of_balance(costs),
                       memory_per_device=memory, peak_memory=max(memory),
-                      memory_capacity=instance.topology.memory_bytes, sharding=result.plan.sharding_types(),
+                      memory_capacity=instance.topology.memory_bytes, types_used=result.plan.sharding_types(),
                       plan=compact(result.plan, instance))
     return record
 
@@ -222,42 +234,3 @@ def _run_missing(suite: Suite, cells: list[Cell], store: Store, workers: int | N
 
         run_cells(todo, workers or suite.workers, keep, advance)
     return [done[c.key] for c in cells if c.key in done]
-
-
-def random_objectives(records: list[dict]) -> dict[tuple, list[float]]:
-    out: dict[tuple, list[float]] = {}
-    for r in records:
-        if r["solver"] == "random" and r.get("objective") is not None:
-            out.setdefault((r["instance"], judge_of(r)), []).append(r["objective"])
-    return out
-
-
-BOUND_CONFLICT_TOLERANCE = 1e-9
-
-
-def judge_of(record: dict) -> str:
-    """The oracle that priced a record's plan (records without one were judged by their own oracle)."""
-    return record.get("judge") or record["oracle"]
-
-
-def best_bounds(records: list[dict]) -> tuple[dict[tuple, float], list[str]]:
-    """Per (instance, oracle): the best of the computed bound and every bound a solver proved. A claimed
-    bound above some valid plan's objective is a solver defect: it is left out and reported."""
-    cheapest: dict[tuple, float] = {}
-    for r in records:
-        if r.get("objective") is not None:
-            key = (r["instance"], judge_of(r))
-            cheapest[key] = min(cheapest.get(key, np.inf), r["objective"])
-    out: dict[tuple, float] = {}
-    conflicts = []
-    for r in records:
-        key = (r["instance"], judge_of(r))
-        for value in (r.get("instance_bound"), r.get("lower_bound")):
-            if value is None or not math.isfinite(value):
-                continue
-            if value > cheapest.get(key, np.inf) * (1 + BOUND_CONFLICT_TOLERANCE):
-                conflicts.append(f"{r['solver']} ({r['time_limit']:g} s) claims bound {value:.9g} on {r['instance']}, "
-                                 f"above a plan of cost {cheapest[key]:.9g}")
-                continue
-            out[key] = max(out.get(key, 0.0), float(value))
-    return out, conflicts

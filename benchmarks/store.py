@@ -16,10 +16,11 @@ STATUSES = ("optimal", "feasible", "infeasible", "no_plan", "error")
 _NUMBER = (int, float)
 # Fields the leaderboard reads, with the types they must have where present (None is always allowed
 # for the optional ones).
-FIELD_TYPES = {"instance": str, "solver": str, "oracle": str, "judge": str, "time_limit": _NUMBER, "seed": int,
+FIELD_TYPES = {"instance": str, "solver": str, "oracle": str, "judge": str, "sharding": str, "time_limit": _NUMBER,
+               "seed": int,
                "status": str, "objective": _NUMBER, "balance": _NUMBER, "solve_time": _NUMBER,
                "lower_bound": _NUMBER, "instance_bound": _NUMBER}
-OPTIONAL = ("judge", "objective", "balance", "lower_bound", "instance_bound")
+OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound")
 WITH_A_PLAN = ("balance",)  # required when the record has an objective
 
 
@@ -28,7 +29,9 @@ class StoreError(ValueError):
 
 
 def cell_key(record: dict) -> tuple:
-    return (*(record[k] for k in KEY_FIELDS), record.get("judge") or record["oracle"])
+    """Records from before sharding settings were all planned table-wise."""
+    return (*(record[k] for k in KEY_FIELDS), record.get("judge") or record["oracle"],
+            record.get("sharding") or "table_wise")
 
 
 def _check_record(record, where: str) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from costmodels import get_oracle
-from instances import InstanceError
+from instances import SHARDING_TYPES, InstanceError
 from instances.io import read_text
 from solvers import MAX_SEED, MAX_TIME_LIMIT, get_solver
 
@@ -34,6 +34,7 @@ class Suite:
     workers: int
     description: str = ""
     judge: str | None = None
+    sharding: tuple[str, ...] = ("instance",)
 
     @property
     def leaderboard_path(self) -> Path:
@@ -45,7 +46,25 @@ class Suite:
 
 
 _KNOWN = {"name", "description", "instances", "solvers", "oracles", "time_limits", "seeds", "random_seeds",
-          "results", "workers", "judge"}
+          "results", "workers", "judge", "sharding"}
+
+
+def _settings(data: dict, path: Path) -> tuple[str, ...]:
+    """Sharding settings: "instance" (the instance's own types), "all", or a comma-separated list of
+    types; normalised to "instance" or the types in their canonical order."""
+    out = []
+    for entry in _list(data, "sharding", str, path, ["instance"]):
+        if entry == "instance":
+            out.append(entry)
+            continue
+        kinds = SHARDING_TYPES if entry == "all" else tuple(k.strip() for k in entry.split(","))
+        bad = [k for k in kinds if k not in SHARDING_TYPES]
+        if bad or not kinds:
+            raise SuiteError(f"{path}: sharding: {entry!r} is not 'instance', 'all' or a list of {SHARDING_TYPES}")
+        out.append(",".join(k for k in SHARDING_TYPES if k in kinds))
+    if len(set(out)) != len(out):
+        raise SuiteError(f"{path}: sharding: lists a setting twice")
+    return tuple(out)
 
 
 def _list(data: dict, key: str, kind: type, path: Path, default=None) -> tuple:
@@ -112,5 +131,5 @@ def load_suite(path: str | Path) -> Suite:
         name=data["name"], path=path, instances=instances, solvers=solvers, oracles=oracles,
         time_limits=time_limits, seeds=_seeds(data, "seeds", path, [0]),
         random_seeds=_seeds(data, "random_seeds", path, list(range(10))),
-        results=results, workers=workers, description=description, judge=judge,
+        results=results, workers=workers, description=description, judge=judge, sharding=_settings(data, path),
     )

@@ -2,6 +2,8 @@
 solvers can use it: forward lookups and backward updates from bytes moved over memory bandwidth, and the
 collectives each sharding type needs over the topology's links (nodes × devices per node; intra-node
 links inside a node, inter-node links between nodes):
+- every piece but a data-parallel replica first receives the ids of the lookups it serves from every
+  device (all-to-all of 8-byte ids);
 - table- and column-wise: the pieces' outputs go to every sample's device over all-to-all, and come back
   as gradients the same way;
 - row-wise: each row shard computes partial pooled outputs for every sample of the global batch and
@@ -27,6 +29,7 @@ from instances.pieces import Pieces
 from .base import AdditiveOracle
 
 GB = 1024**3
+ID_BYTES = 8  # lookups travel as int64 ids, as TorchRec's estimator counts them
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class AnalyticOracle(AdditiveOracle):
         allreduce = 2 * gradient * (per_node - 1) / per_node / topo.intra_node_a2a_bw
         if topo.nodes > 1:
             allreduce = allreduce + 2 * gradient / per_node * (topo.nodes - 1) / topo.nodes / topo.allreduce_cross_node_bw
-        forward_comm = np.where(replica, 0.0, comm)
+        # Ids in: every other device sends the ids of its samples' lookups that this piece serves.
+        ids = all_to_all(batch * pooling * share * ID_BYTES)
+        forward_comm = np.where(replica, 0.0, comm + ids)
         backward_comm = np.where(replica, allreduce, comm)
         return np.stack([forward, backward, forward_comm, backward_comm], axis=1)

@@ -214,6 +214,22 @@ class DeviceState(ABC):
     def costs_if_added(self, piece: int, devices: np.ndarray) -> np.ndarray:
         return np.array([self.cost_if_added(piece, int(d)) for d in devices])
 
+    def add_many(self, pieces: np.ndarray, devices: np.ndarray) -> None:
+        for p, d in zip(pieces, devices):
+            self.add(int(p), int(d))
+
+    def remove_many(self, pieces: np.ndarray, devices: np.ndarray) -> None:
+        for p, d in zip(pieces, devices):
+            self.remove(int(p), int(d))
+
+    def costs_with(self, pieces: np.ndarray, devices: np.ndarray) -> np.ndarray:
+        """Every device's cost if these pieces were added (nothing changes)."""
+        self.add_many(pieces, devices)
+        try:
+            return self.costs()
+        finally:
+            self.remove_many(pieces, devices)
+
     @abstractmethod
     def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
         """Cost of `device` after taking `out_piece` off it and putting `in_piece` on it (either may be None)."""
@@ -263,6 +279,15 @@ class AdditiveDeviceState(DeviceState):
                          ) -> tuple[np.ndarray, np.ndarray]:
         delta = self.piece_costs[others] - self.piece_costs[piece]
         return self.loads[device] + delta, self.loads[other_devices] - delta
+
+    def add_many(self, pieces: np.ndarray, devices: np.ndarray) -> None:
+        np.add.at(self.loads, devices, self.piece_costs[pieces])
+
+    def remove_many(self, pieces: np.ndarray, devices: np.ndarray) -> None:
+        np.subtract.at(self.loads, devices, self.piece_costs[pieces])
+
+    def costs_with(self, pieces: np.ndarray, devices: np.ndarray) -> np.ndarray:
+        return self.loads + np.bincount(devices, weights=self.piece_costs[pieces], minlength=self.loads.size)
 
 
 class RecomputingDeviceState(DeviceState):

@@ -108,15 +108,15 @@ class TrainedModel:
 
 
 def reference_comm_seconds(dims: Sequence[int], batch: int) -> float:
-    """All-to-all time of a device holding tables of these dims in an 8-GPU node at `batch` per GPU (the
-    analytic model with fp16 outputs): the target of DreamShard's communication head."""
+    """Output all-to-all time of a device holding tables of these dims in an 8-GPU node at `batch` per GPU
+    (the analytic model's backward term, fp16 outputs): the target of DreamShard's communication head."""
     from instances import Topology, Workload
 
     from .analytic import AnalyticOracle
 
     tables = tuple(Table(f"t{i}", 100, int(d), 2, 1.0, (1.0,) + (0.0,) * 16) for i, d in enumerate(dims))
     instance = Instance("reference", tables, Topology(1, REFERENCE_DEVICES, 1 << 40), Workload(batch_size=batch))
-    return float(AnalyticOracle().table_breakdown(instance)[:, 2].sum())
+    return float(AnalyticOracle().table_breakdown(instance)[:, 3].sum())
 
 
 # ---------------------------------------------------------------- training

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from .model import Instance, InstanceError, instance_from_dict, instance_to_dict
+from .model import Instance, InstanceError, PlanError, instance_from_dict, instance_to_dict
 from .sharding import Plan, plan_from_dict, plan_to_dict
 
 MANIFEST = "manifest.json"
@@ -98,6 +98,8 @@ def load_plan(path: str | Path, instance: Instance) -> Plan:
         if exc.field == str(path):
             raise
         raise InstanceError(f"{path}: {exc.field}", exc.reason) from exc
+    except PlanError as exc:
+        raise PlanError(f"{path}: {exc}") from exc
 
 
 def save_plan(plan: Plan, instance: Instance, path: str | Path, report: dict | None = None) -> None:

@@ -3,7 +3,7 @@ with validation that names the offending field, and JSON (de)serialisation with 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 SCHEMA_VERSION = 1
@@ -254,6 +254,13 @@ class Instance:
         if table.sharding_types is None:
             return self.sharding_types
         return tuple(t for t in self.sharding_types if t in table.sharding_types)
+
+    def restricted_to(self, types: Sequence[str] | None) -> "Instance":
+        """The same instance allowing only those of its sharding types that are in `types` (None: as is).
+        Not validated: a table left with no type is for the solver to report."""
+        if types is None:
+            return self
+        return replace(self, sharding_types=tuple(t for t in self.sharding_types if t in types))
 
     @property
     def num_tables(self) -> int:

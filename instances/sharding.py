@@ -236,6 +236,7 @@ def plan_from_dict(data: Any, instance: Instance) -> Plan:
         values = _take(data, "", ("schema_version", "instance_id", "assignment"), ("kind", *V1_REPORT_KEYS))
     else:
         values = _take(data, "", ("schema_version", "instance_id", "tables"), ("kind", "report"))
+        _expect_mapping(values.get("report", {}), "report")
     _require(values.get("kind", "placement") == "placement", "kind", f"unsupported plan kind {_short(values.get('kind'))}")
     instance_id = _string(values["instance_id"], "instance_id")
     if version == 1:

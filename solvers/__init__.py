@@ -20,9 +20,17 @@ from .base import (
                    run_solver,
                    solver_names,
 )
-from .bounds import additive_lower_bounds, best_additive_lower_bound
+from .bounds import (
+                   additive_lower_bounds,
+                   best_additive_lower_bound,
+                   best_option_bound,
+                   lp_bound,
+                   option_bounds,
+)
+from .candidates import Candidates, Problem
 
 __all__ = [
     "MAX_SEED", "MAX_TIME_LIMIT", "Budget", "BudgetError", "Cause", "ClaimError", "NoPlan", "SolveResult", "SolverInfo", "SolverOracleMismatch", "Status", "UnknownSolverError",
-    "additive_lower_bounds", "check_no_plan", "check_seed", "best_additive_lower_bound", "get_solver", "run_solver", "solver_names",
+    "Candidates", "Problem", "additive_lower_bounds", "best_option_bound", "check_no_plan", "check_seed", "lp_bound",
+    "option_bounds", "best_additive_lower_bound", "get_solver", "run_solver", "solver_names",
 ]

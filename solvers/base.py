@@ -14,7 +14,8 @@ from costmodels import Oracle
 from instances import Instance, Plan, PlanError
 from instances.model import MAX_MEMORY_BYTES
 
-from .bounds import best_additive_lower_bound
+from .bounds import best_option_bound
+from .candidates import Problem
 
 BOUND_MATCH_TOLERANCE = 1e-12  # float summation noise between a bound and an objective of the same tables
 OPTIMALITY_TOLERANCE = 1e-6    # relative gap under which a proven bound certifies optimality
@@ -68,6 +69,7 @@ class Cause(str, Enum):
     OVERFLOW = "overflow"        # the solver's own plan breaks memory (a learned policy may end so)
     TIME_LIMIT = "time_limit"    # the budget ran out before a plan was found
     UNPROVEN = "unproven"        # a claim of infeasibility that came without a proof
+    UNSUPPORTED = "unsupported"  # a solver of whole tables, on an instance whose tables cannot all be whole
 
 
 @dataclass(frozen=True)
@@ -103,11 +105,14 @@ def planned(instance: Instance, assignment, status: Status = Status.FEASIBLE, **
     return SolveResult(status, plan=Plan.table_wise(instance, assignment), **fields)
 
 
-SolveFn = Callable[[Instance, Oracle, Budget, int], SolveResult]
+SolveFn = Callable[[Problem, Budget, int], SolveResult]
 
 
 @dataclass(frozen=True)
 class SolverInfo:
+    """`splits`: the solver chooses sharding options (splits tables) where the instance allows; the others
+    place whole tables and are benchmarked on table-wise."""
+
     name: str
     solve: SolveFn
     description: str
@@ -115,6 +120,7 @@ class SolverInfo:
     exact: bool = False
     needs_additive: bool = False
     stochastic: bool = False
+    splits: bool = False
 
 
 class UnknownSolverError(KeyError):
@@ -164,19 +170,23 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     seed = check_seed(seed)
     if info.needs_additive and not oracle.additive:
         raise SolverOracleMismatch(f"solver {name!r} needs an additive oracle; {oracle.name!r} is not additive")
-    proof = memory_infeasibility(instance) if "placement" in info.kinds else None
+    problem = Problem(instance, oracle)
+    proof = memory_infeasibility(problem)
     if proof:
         return infeasible(proof)
+    if not info.splits:
+        obstacle = whole_table_obstacle(instance)
+        if obstacle:
+            return obstacle
     started = time.monotonic()
-    result = info.solve(instance, oracle, budget, seed)
+    result = info.solve(problem if info.splits else problem.whole_tables, budget, seed)
     elapsed = time.monotonic() - started
     stats = dict(result.stats)
     claimed = result.lower_bound
     if claimed is not None and not (isinstance(claimed, (int, float)) and math.isfinite(claimed)):
         stats["dropped_bound"] = repr(claimed)
         claimed = None
-    combinatorial = (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices)
-                     if oracle.additive else None)
+    combinatorial = best_option_bound(problem.candidates) if oracle.additive else None
     if result.plan is None:
         return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
     result.plan.validate(instance)
@@ -196,6 +206,8 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     if status == Status.FEASIBLE and combinatorial is not None and objective <= combinatorial * (1 + BOUND_MATCH_TOLERANCE):
         # Any plan that meets a valid lower bound is optimal, whoever found it.
         status, reason = Status.OPTIMAL, _join(reason, "meets the combinatorial lower bound")
+    if combinatorial is not None:
+        stats["option_bound"] = combinatorial
     return SolveResult(status=status, plan=result.plan, objective=objective, lower_bound=bound,
                        reason=reason, stats=stats)
 
@@ -217,15 +229,18 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
     """Raises ClaimError unless the evidence for a missing plan holds."""
     capacity = instance.topology.memory_bytes
     cause = evidence.cause
-    if cause == Cause.DEAD_END:
-        need = instance.table_memory()[evidence.table]
-        ok = evidence.need == need and evidence.most_free is not None and 0 <= evidence.most_free < need <= capacity
+    if cause == Cause.DEAD_END:  # the table's (or one of its pieces') need is more than any device had left
+        whole = instance.table_memory()[evidence.table]
+        ok = (evidence.need is not None and evidence.most_free is not None
+              and 0 <= evidence.most_free < evidence.need <= min(whole, capacity))
     elif cause == Cause.SAMPLING:
         ok = evidence.samples is not None and evidence.samples >= 1
     elif cause == Cause.OVERFLOW:
         ok = evidence.plan is not None and _overflows_only(evidence.plan, instance)
     elif cause == Cause.TIME_LIMIT:
         ok = elapsed >= TIME_LIMIT_SLACK * budget.time_limit
+    elif cause == Cause.UNSUPPORTED:
+        ok = whole_table_obstacle(instance) is not None
     else:
         ok = False
     if not ok:
@@ -235,16 +250,40 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
 # ---------------------------------------------------------------- memory
 
 
-def memory_infeasibility(instance: Instance) -> str | None:
-    """A proof that no plan fits, from two necessary conditions, or None when neither fires."""
+def memory_infeasibility(problem: Problem) -> str | None:
+    """A proof that no plan fits, from two necessary conditions over the instance's options, or None when
+    neither fires: a table none of whose options fits a device, or more memory in all (each table in
+    its leanest option) than the devices have."""
+    instance, candidates = problem.instance, problem.candidates
     capacity = instance.topology.memory_bytes
-    memory = instance.table_memory()
-    for table, need in zip(instance.tables, memory):
-        if need > capacity:
-            return f"table {table.name} needs {need} B, more than a device's capacity {capacity} B"
-    total, room = sum(memory), capacity * instance.num_devices
+    for t, (table, ids) in enumerate(zip(instance.tables, candidates.by_table)):
+        if ids.size == 0:
+            options = [o for o, option in enumerate(candidates.options.options) if option.table == t]
+            need = min(int(candidates.memory[candidates.members(o)].max()) for o in options)
+            return (f"table {table.name} needs {need} B on some device in its leanest allowed option, more than a "
+                    f"device's capacity {capacity} B")
+    total = sum(int(candidates.total_memory[ids].min()) for ids in candidates.by_table)
+    room = capacity * instance.num_devices
     if total > room:
         return f"tables need {total} B in all, more than {instance.num_devices} devices × {capacity} B = {room} B"
+    return None
+
+
+def whole_table_obstacle(instance: Instance) -> SolveResult | None:
+    """Why a solver that places whole tables cannot plan this instance, when it cannot (a table that
+    forbids table-wise or outgrows a device whole, or more whole-table memory than the devices have):
+    a no-plan, not an infeasibility, since splitting tables may still fit."""
+    capacity = instance.topology.memory_bytes
+    memory = instance.table_memory()
+    for t, table in enumerate(instance.tables):
+        if "table_wise" not in instance.allowed_types(table) or memory[t] > capacity:
+            why = ("does not allow table_wise" if "table_wise" not in instance.allowed_types(table)
+                   else f"needs {memory[t]} B whole, more than a device's {capacity} B")
+            return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
+                               no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
+    if sum(memory) > capacity * instance.num_devices:
+        return SolveResult(Status.NO_PLAN, reason="this solver places whole tables only, and whole tables need more "
+                           "memory than the devices have", no_plan=NoPlan(Cause.UNSUPPORTED))
     return None
 
 

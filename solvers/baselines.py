@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels import Oracle
 from instances import Instance
 
 from .base import (
@@ -15,6 +14,7 @@ from .base import (
     register,
     stuck,
 )
+from .candidates import Problem
 
 
 def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResult:
@@ -32,12 +32,13 @@ def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResu
 
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
-def random_placement(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return random_assignment(instance, np.random.default_rng(seed))
+def random_placement(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return random_assignment(problem.instance, np.random.default_rng(seed))
 
 
 @register("round-robin", "table i to the next device in cyclic order that has room")
-def round_robin(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+def round_robin(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    instance = problem.instance
     tracker = MemoryTracker(instance)
     k = instance.num_devices
     assignment, cursor = [], 0

@@ -1,17 +1,30 @@
-"""Lower bounds on the optimal max device cost for additive oracles on identical devices."""
+"""Lower bounds on the optimal max device cost for additive oracles, valid over the enumerated sharding
+options (table-wise alone is the special case with one option per table):
+- average: every table does at least its cheapest option's work, and some device carries the average;
+- largest piece: every table puts at least its smallest-possible largest piece on some device;
+- pigeonhole: among the m·K + 1 tables with the largest such pieces, some device holds m + 1 of them;
+- LP: the relaxation of the option choice (fractional options) with the average, largest-piece, total
+  memory and — where the model is small enough — per-device constraints of pinned options; and, per
+  table, its largest piece plus the least every other table's pinned option puts on any device (both
+  sit on the device that holds the piece)."""
 from __future__ import annotations
 
 import numpy as np
 
+from .candidates import Candidates
+
+LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-device rows of pinned options
+
 
 def average_bound(costs: np.ndarray, num_devices: int) -> float:
-    """max(Σc / K, max c): some device carries at least the average, and the largest table sits somewhere."""
+    """max(Σc / K, max c) for whole tables of costs c: some device carries at least the average, and the
+    largest table sits somewhere."""
     costs = np.asarray(costs, dtype=float)
     return float(max(costs.sum() / num_devices, costs.max(initial=0.0)))
 
 
 def pigeonhole_bound(costs: np.ndarray, num_devices: int) -> float:
-    """Among the m·K + 1 largest tables some device holds m + 1 of them, so it carries at least the sum
+    """Among the m·K + 1 largest items some device holds m + 1 of them, so it carries at least the sum
     of the m + 1 smallest of those; m = 1 is the classic (K+1)-largest-items bound."""
     desc = np.sort(np.asarray(costs, dtype=float))[::-1]
     best = 0.0
@@ -24,6 +37,7 @@ def pigeonhole_bound(costs: np.ndarray, num_devices: int) -> float:
 
 
 def additive_lower_bounds(costs: np.ndarray, num_devices: int) -> dict[str, float]:
+    """The bounds for whole tables of costs `costs` (every table table-wise)."""
     return {"average": average_bound(costs, num_devices), "pigeonhole": pigeonhole_bound(costs, num_devices)}
 
 
@@ -31,34 +45,78 @@ def best_additive_lower_bound(costs: np.ndarray, num_devices: int) -> float:
     return max(additive_lower_bounds(costs, num_devices).values())
 
 
-def lp_relaxation_bound(costs: np.ndarray, memory: np.ndarray, capacity: float, num_devices: int) -> float | None:
-    """The memory-aware LP relaxation of the placement MILP (fractional x, every device's load and memory
-    within z and capacity, plus z ≥ c_t), solved with HiGHS. None when the LP is infeasible (then no plan
-    fits either). On identical devices spreading every table evenly is LP-feasible whenever memory allows,
-    so this bound rarely beats `average_bound`; it is kept as the reference relaxation."""
+def option_bounds(candidates: Candidates) -> dict[str, float]:
+    """The combinatorial bounds over the candidates' live options (cheap: no LP); none when some table has
+    no option that fits (then no plan does)."""
+    if any(ids.size == 0 for ids in candidates.by_table):
+        return {}
+    k = candidates.num_devices
+    cheapest = np.array([candidates.work[ids].min() for ids in candidates.by_table])
+    smallest_largest = np.array([candidates.biggest[ids].min() for ids in candidates.by_table])
+    return {"average": float(max(cheapest.sum() / k, smallest_largest.max(initial=0.0))),
+            "pigeonhole": pigeonhole_bound(smallest_largest, k)}
+
+
+def best_option_bound(candidates: Candidates) -> float:
+    return max(option_bounds(candidates).values(), default=0.0)
+
+
+def lp_bound(candidates: Candidates) -> float | None:
+    """The LP relaxation of choosing one option per table (HiGHS via scipy), or None when it is
+    infeasible (then no plan fits either). Rows: one option per table; K·z ≥ total work; z ≥ each table's
+    largest piece; total memory ≤ K × capacity; and, while the model stays small, z ≥ what pinned options
+    put on each device and each device's memory from them ≤ capacity."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix, vstack
 
-    costs = np.asarray(costs, dtype=float)
-    n, k = costs.size, num_devices
-    scale = max(costs.sum() / k, 1e-300)
-    c = costs / scale
-    mem = np.asarray(memory, dtype=float) / capacity
-    variables = n * k + 1  # x[t, d] at t * k + d, then z
-    objective = np.zeros(variables)
+    k = candidates.num_devices
+    capacity = candidates.instance.topology.memory_bytes
+    if any(ids.size == 0 for ids in candidates.by_table):
+        return None
+    live = np.flatnonzero(candidates.live)
+    index = {int(o): i for i, o in enumerate(live)}
+    n_vars = live.size + 2  # y per live option, then w (the pinned floor), then z
+    work = candidates.work[live]
+    scale = max(work.sum() / k, 1e-300)
+    rows, cols, vals, rhs = [], [], [], []
+
+    def add_row(columns, values, bound):
+        r = len(rhs)
+        rows.extend([r] * len(columns))
+        cols.extend(columns)
+        vals.extend(values)
+        rhs.append(bound)
+
+    add_row(list(range(live.size)) + [n_vars - 1], list(work / scale) + [-float(k)], 0.0)
+    pinned = [int(o) for o in live if candidates.placement(o) == "pinned"]
+    floor = {o: float(candidates.device_profile(o, candidates.priced.costs).min()) / scale for o in pinned}
+    # w ≤ Σ_pinned y·(least per-device cost): what pinned options put on every device at least.
+    add_row([index[o] for o in pinned] + [n_vars - 2], [-floor[o] for o in pinned] + [1.0], 0.0)
+    for ids in candidates.by_table:
+        columns = [index[int(o)] for o in ids]
+        # z ≥ Σ_o y·biggest + w − (the table's own pinned floor, already counted in its piece)
+        values = [candidates.biggest[o] / scale - floor.get(int(o), 0.0) for o in ids]
+        add_row(columns + [n_vars - 2, n_vars - 1], values + [1.0, -1.0], 0.0)
+    if sum(candidates.instance.table_memory()) > capacity:
+        add_row(list(range(live.size)), list(candidates.total_memory[live] / capacity), float(k))
+    if pinned and len(pinned) * k <= LP_PER_DEVICE_NONZEROS:
+        costs = np.stack([candidates.device_profile(o, candidates.priced.costs) for o in pinned]) / scale
+        memory = np.stack([candidates.device_profile(o, candidates.memory) for o in pinned]) / capacity
+        for d in range(k):
+            add_row([index[o] for o in pinned] + [n_vars - 1], list(costs[:, d]) + [-1.0], 0.0)
+            add_row([index[o] for o in pinned], list(memory[:, d]), 1.0)
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_vars)).tocsr()
+    eq_rows = np.concatenate([np.full(ids.size, t) for t, ids in enumerate(candidates.by_table)])
+    eq_cols = np.array([index[int(o)] for ids in candidates.by_table for o in ids])
+    a_eq = coo_matrix((np.ones(eq_cols.size), (eq_rows, eq_cols)), shape=(len(candidates.by_table), n_vars)).tocsr()
+    objective = np.zeros(n_vars)
     objective[-1] = 1.0
-    rows_t = np.repeat(np.arange(n), k)
-    cols = np.arange(n * k)
-    assign = coo_matrix((np.ones(n * k), (rows_t, cols)), shape=(n, variables))
-    device_of = np.tile(np.arange(k), n)
-    load = coo_matrix((np.tile(c[:, None], (1, k)).ravel(), (device_of, cols)), shape=(k, variables)).tolil()
-    load[:, n * k] = -1.0
-    room = coo_matrix((np.repeat(mem, k), (device_of, cols)), shape=(k, variables))
-    result = linprog(objective, A_ub=vstack([load.tocsr(), room.tocsr()]), b_ub=np.concatenate([np.zeros(k), np.ones(k)]),
-                     A_eq=assign.tocsr(), b_eq=np.ones(n),
-                     bounds=[(0, 1)] * (n * k) + [(float(c.max(initial=0.0)), None)], method="highs")
+    result = linprog(objective, A_ub=vstack([a_ub]), b_ub=np.array(rhs), A_eq=a_eq,
+                     b_eq=np.ones(len(candidates.by_table)), bounds=[(0, 1)] * live.size + [(0, None), (0, None)],
+                     method="highs")
     if result.status == 2:
         return None
     if result.status != 0:
         raise RuntimeError(f"LP relaxation failed: {result.message}")
-    return float(result.fun * scale * (1 - 1e-9))
+    # HiGHS holds rows to ~1e-9 of the scaled load: give that back so the bound stays below the optimum.
+    return float(result.fun * scale * (1 - 1e-7))

@@ -1,7 +1,16 @@
-"""Exact placement for additive oracles: CP-SAT on integer-scaled costs and a MILP through PuLP (CBC or
-HiGHS). Both minimise the max device cost under memory, start from the best heuristic plan (a complete
-hint / MIP start), break the symmetry of identical devices, and report the bound they proved; a plan
-is called optimal only when that bound meets it."""
+"""Exact planning for additive oracles: one option per table and a device for every free piece, chosen
+together, minimising the max device cost under memory. The model is described once (`build_model`) and
+handed to two backends: CP-SAT on integer-scaled costs and a MILP through PuLP (CBC or HiGHS). Both start
+from the split-aware heuristic (a complete hint / MIP start), break the symmetry of interchangeable
+devices, and report the bound they proved; a plan is called optimal only when that bound meets it, and
+then it is optimal over the enumerated options (`optimal_over: "enumerated options"`).
+
+Variables: y[o] picks option o of a table (a constant where a table has one option); a free option of c
+equal pieces has n[o, d] ∈ 0..c pieces on device d with Σ_d n = c·y; a node option has z[o, node] with
+Σ z = y; pinned options add their per-device costs and memory through y. Devices of one node that every
+pinned and node option treats alike are interchangeable: they are numbered by first use, so that the
+table at position q (costliest first) may only use the first U_q + c of them, U_q being how many pieces
+the tables before it can hold at most."""
 from __future__ import annotations
 
 import os
@@ -9,14 +18,12 @@ import re
 import tempfile
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from costmodels import Oracle
-from instances import Instance, Plan
-
+from .assembly import Assembly
 from .base import (
     OPTIMALITY_TOLERANCE,
     TIME_LIMIT_SLACK,
@@ -29,178 +36,414 @@ from .base import (
     order_by_cost,
     register,
 )
-from .bounds import best_additive_lower_bound
-from .greedy import best_greedy
-from .search import improve
+from .bounds import best_option_bound, lp_bound
+from .candidates import Candidates, Problem
+from .search import searched
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
 MILP_BOUND_SLACK = 1e-7      # MILP bounds hold up to the solvers' feasibility tolerances: give that back
 MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
+MAX_MODEL_VARIABLES = 250_000  # beyond this building the model alone eats the budget on 2 cores
 
 
-@dataclass(frozen=True)
+# ---------------------------------------------------------------- the start
+
+
+@dataclass
 class ExactStart:
-    """What an exact model starts from: the heuristic plan (or None), the tables in symmetry-breaking
-    order, and the combinatorial lower bound."""
+    """What an exact model starts from: the heuristic plan (or None) and the best bound known before the
+    model runs."""
 
-    assignment: tuple[int, ...] | None
-    order: np.ndarray
+    assembly: Assembly | None
     lower_bound: float
+    failure: SolveResult | None = None
 
-    def proven(self, instance: Instance, oracle: Oracle) -> bool:
+    def objective(self) -> float:
+        return self.assembly.objective() if self.assembly is not None else np.inf
+
+    def proven(self) -> bool:
         """The heuristic plan already meets the bound: nothing is left for the model to prove."""
-        return (self.assignment is not None
-                and oracle.plan_cost(instance, Plan.table_wise(instance, self.assignment))
-                <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE))
+        return self.objective() <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE)
 
 
-def exact_start(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> ExactStart:
+def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
+    candidates = problem.candidates
+    bound = best_option_bound(candidates)
+    if problem.splits:
+        lp = lp_bound(candidates)
+        bound = max(bound, lp if lp is not None else 0.0)
     deadline = time.monotonic() + HEURISTIC_SHARE * budget.time_limit
-    costs = oracle.table_costs(instance)
-    bound = best_additive_lower_bound(costs, instance.num_devices)
-    start = best_greedy(instance, oracle)
-    assignment = start.plan.assignment if start.plan is not None else None
-    if assignment is not None and oracle.plan_cost(instance, start.plan) > bound * (1 + OPTIMALITY_TOLERANCE):
-        assignment = improve(instance, oracle, assignment, deadline, seed)[0]
-    return ExactStart(assignment, order_by_cost(costs), bound)
+    assembly, failure, _ = searched(problem, Budget(budget.time_limit), seed, deadline)
+    return ExactStart(assembly, bound, failure)
 
 
-def allowed_devices(position: int, num_devices: int) -> range:
-    """Identical devices are interchangeable, so label them by first use in table order: the table at
-    position p can only be on devices 0..p. Every plan has such a relabelling."""
-    return range(min(position + 1, num_devices))
+# ---------------------------------------------------------------- the model, once
 
 
-def relabel(assignment, order: np.ndarray) -> tuple[int, ...]:
-    """The same plan with devices numbered by first use in `order` (so that it satisfies the symmetry
-    breaking and can serve as a hint)."""
-    labels: dict[int, int] = {}
+@dataclass
+class LinearModel:
+    """Variables (bounds, integrality, hint), choice rows (Σ terms = rhs, integer coefficients), cost rows
+    (Σ cost · var ≤ makespan, in cost units), memory rows (Σ bytes · var ≤ capacity); minimise makespan."""
+
+    lower: list[float] = field(default_factory=list)
+    upper: list[float] = field(default_factory=list)
+    hint: list[float] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    choices: list[tuple[list[int], list[int], int]] = field(default_factory=list)
+    costs: list[tuple[list[int], list[float]]] = field(default_factory=list)
+    memory: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    capacity: int = 0
+    makespan_hint: float = 0.0
+    decode: dict = field(default_factory=dict)  # variable -> (kind, option, device or node)
+
+    def var(self, name: str, upper: int, hint: float, decode: tuple | None = None) -> int:
+        self.lower.append(0)
+        self.upper.append(upper)
+        self.hint.append(hint)
+        self.names.append(name)
+        if decode is not None:
+            self.decode[len(self.names) - 1] = decode
+        return len(self.names) - 1
+
+
+def device_classes(candidates: Candidates) -> list[list[int]]:
+    """Devices of one node that every live pinned and node option treats alike (same cost and memory)."""
+    instance = candidates.instance
+    k, per_node = candidates.num_devices, instance.topology.devices_per_node
+    columns = [np.arange(k) // per_node]
+    for o in np.flatnonzero(candidates.live):
+        placement = candidates.placement(int(o))
+        if placement == "pinned":
+            columns += [candidates.device_profile(int(o), candidates.priced.costs),
+                        candidates.device_profile(int(o), candidates.memory)]
+        elif placement == "node":
+            members = candidates.members(int(o))
+            local = np.arange(k) % per_node
+            columns += [candidates.priced.costs[members][local], candidates.memory[members][local]]
+    signature = np.stack(columns, axis=1)
+    _, label = np.unique(signature, axis=0, return_inverse=True)
+    classes: dict[int, list[int]] = {}
+    for d, c in enumerate(np.asarray(label).ravel()):
+        classes.setdefault(int(c), []).append(d)
+    return list(classes.values())
+
+
+def _identical_pieces(candidates: Candidates, o: int) -> tuple[float, int]:
+    members = candidates.members(o)
+    costs, memory = candidates.priced.costs[members], candidates.memory[members]
+    if np.ptp(costs) != 0 or np.ptp(memory) != 0:
+        raise ValueError(f"option {o}: free pieces of unequal cost or memory")  # our cuts are equal blocks
+    return float(costs[0]), int(memory[0])
+
+
+def relabelled_free_devices(candidates: Candidates, assembly: Assembly, order: np.ndarray,
+                            classes: list[list[int]]) -> np.ndarray:
+    """The assembly's devices with each class of interchangeable devices renumbered by first use of a free
+    piece in table order (the same plan up to relabelling, and one that obeys the symmetry breaking)."""
+    class_of = np.empty(candidates.num_devices, dtype=np.int64)
+    for c, members in enumerate(classes):
+        class_of[members] = c
+    mapping: dict[int, int] = {}
+    used = [0] * len(classes)
+    device = assembly.device.copy()
     for table in order:
-        labels.setdefault(int(assignment[table]), len(labels))
-    return tuple(labels[int(d)] for d in assignment)
+        option = int(assembly.chosen[table])
+        if candidates.placement(option) != "free":
+            continue
+        for piece in candidates.members(option):
+            d = int(assembly.device[piece])
+            if d not in mapping:
+                c = class_of[d]
+                mapping[d] = classes[c][used[c]]
+                used[c] += 1
+            device[piece] = mapping[d]
+    return device
 
 
-def _finish(instance: Instance, oracle: Oracle, assignment, bound: float, fallback, stats: dict,
-            failure: NoPlan | None = None) -> SolveResult:
-    """Picks the better of the solver's plan and the heuristic start, and certifies optimality only when
-    the proven bound meets the plan's true objective. Without either plan, `failure` says why."""
-    candidates = [a for a in (assignment, fallback) if a is not None]
-    if not candidates:
+def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
+    """The model, with the start as a complete hint."""
+    instance = candidates.instance
+    k, per_node = candidates.num_devices, instance.topology.devices_per_node
+    nodes = k // per_node
+    weight = np.array([candidates.work[ids].min() for ids in candidates.by_table])
+    order = order_by_cost(weight)
+    classes = device_classes(candidates)
+    hint_device = (relabelled_free_devices(candidates, start.assembly, order, classes)
+                   if start.assembly is not None else None)
+    chosen = start.assembly.chosen if start.assembly is not None else np.full(instance.num_tables, -1)
+    model = LinearModel(capacity=instance.topology.memory_bytes)
+    cost_terms: list[tuple[list[int], list[float]]] = [([], []) for _ in range(k)]
+    memory_terms: list[tuple[list[int], list[int]]] = [([], []) for _ in range(k)]
+    loads = np.zeros(k)
+    # Symmetry breaking: how many pieces the tables before position q can put on free devices at most.
+    used_before = 0
+    for table in order:
+        options = [int(o) for o in candidates.by_table[table]]
+        y_vars = {}
+        if len(options) > 1:
+            for o in options:
+                y_vars[o] = model.var(f"y{o}", 1, float(chosen[table] == o), ("y", o, None))
+            model.choices.append((list(y_vars.values()), [1] * len(options), 1))
+        most_parts = 0
+        for o in options:
+            picked = chosen[table] == o
+            placement = candidates.placement(o)
+            parts = candidates.options.options[o].parts
+            if placement == "free":
+                cost, memory = _identical_pieces(candidates, o)
+                most_parts = max(most_parts, parts)
+                reach = used_before + parts
+                allowed = [d for members in classes for d in members[:reach]]
+                counts = (np.bincount(hint_device[candidates.members(o)], minlength=k) if picked and hint_device is not None
+                          else np.zeros(k, dtype=np.int64))
+                n_vars = []
+                for d in sorted(allowed):
+                    v = model.var(f"n{o}_{d}", parts, float(counts[d]), ("n", o, d))
+                    n_vars.append(v)
+                    cost_terms[d][0].append(v)
+                    cost_terms[d][1].append(cost)
+                    memory_terms[d][0].append(v)
+                    memory_terms[d][1].append(memory)
+                    loads[d] += cost * counts[d]
+                # Σ_d n[o, d] = parts · y[o]  (or = parts for a table's only option)
+                if o in y_vars:
+                    model.choices.append((n_vars + [y_vars[o]], [1] * len(n_vars) + [-parts], 0))
+                else:
+                    model.choices.append((n_vars, [1] * len(n_vars), parts))
+            elif placement == "pinned":
+                profile = candidates.device_profile(o, candidates.priced.costs)
+                needs = candidates.device_profile(o, candidates.memory)
+                if picked:
+                    loads += profile
+                y = y_vars.get(o)
+                if y is None:  # the table's only option: a variable held at 1 carries its constant load
+                    y = model.var(f"fixed{o}", 1, 1.0)
+                    model.choices.append(([y], [1], 1))
+                for d in range(k):
+                    cost_terms[d][0].append(y)
+                    cost_terms[d][1].append(float(profile[d]))
+                    memory_terms[d][0].append(y)
+                    memory_terms[d][1].append(int(needs[d]))
+            else:
+                members = candidates.members(o)
+                costs, needs = candidates.priced.costs[members], candidates.memory[members]
+                node_hint = (int(start.assembly.device[members[0]]) // per_node
+                             if picked and start.assembly is not None else -1)
+                z_vars = []
+                for node in range(nodes):
+                    v = model.var(f"z{o}_{node}", 1, float(node == node_hint), ("z", o, node))
+                    z_vars.append(v)
+                    for i in range(per_node):
+                        d = node * per_node + i
+                        cost_terms[d][0].append(v)
+                        cost_terms[d][1].append(float(costs[i]))
+                        memory_terms[d][0].append(v)
+                        memory_terms[d][1].append(int(needs[i]))
+                if picked and node_hint >= 0:
+                    loads[node_hint * per_node:(node_hint + 1) * per_node] += costs
+                if o in y_vars:
+                    model.choices.append((z_vars + [y_vars[o]], [1] * nodes + [-1], 0))
+                else:
+                    model.choices.append((z_vars, [1] * nodes, 1))
+        used_before += most_parts
+    model.costs = cost_terms
+    if sum(instance.table_memory()) > instance.topology.memory_bytes:
+        model.memory = memory_terms
+    model.makespan_hint = float(loads.max()) if start.assembly is not None else 0.0
+    return model
+
+
+def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> tuple[list[int], np.ndarray]:
+    """The chosen option per table and a device per piece from a solution's variable values."""
+    picked_y = {o for v, (kind, o, _) in model.decode.items() if kind == "y" and values[v] > 0.5}
+    chosen = []
+    for ids in candidates.by_table:
+        options = [int(o) for o in ids]
+        chosen.append(options[0] if len(options) == 1 else next(o for o in options if o in picked_y))
+    device = np.full(len(candidates.options.pieces), -1, dtype=np.int64)
+    counts: dict[int, list[tuple[int, int]]] = {}
+    for v, (kind, o, where) in model.decode.items():
+        if o not in chosen:
+            continue
+        if kind == "n":
+            n = int(round(values[v]))
+            if n > 0:
+                counts.setdefault(o, []).append((where, n))
+        elif kind == "z" and values[v] > 0.5:
+            device[candidates.members(o)] = candidates.devices(o, node=where)
+    for o in chosen:
+        placement = candidates.placement(o)
+        if placement == "pinned":
+            device[candidates.members(o)] = candidates.devices(o)
+        elif placement == "free":
+            devices = [d for d, n in sorted(counts.get(o, [])) for _ in range(n)]
+            device[candidates.members(o)] = devices
+        elif device[candidates.members(o)[0]] < 0:
+            raise ValueError(f"option {o}: no node chosen")
+    return chosen, device
+
+
+# ---------------------------------------------------------------- finishing
+
+
+def _finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: float, start: ExactStart,
+            stats: dict, failure: NoPlan | None = None) -> SolveResult:
+    """The better of the model's plan and the heuristic start; optimal only when the proven bound meets the
+    plan's true objective. Without either plan, `failure` says why."""
+    candidates, oracle = problem.candidates, problem.oracle
+    plans = []
+    if found is not None:
+        plans.append(candidates.plan(*found))
+    if start.assembly is not None:
+        plans.append(start.assembly.plan())
+    if not plans:
         if failure is None or failure.cause == Cause.TIME_LIMIT:
             return SolveResult(Status.NO_PLAN, lower_bound=bound, reason="no plan found within the time limit",
                                stats=stats, no_plan=NoPlan(Cause.TIME_LIMIT))
         return SolveResult(Status.NO_PLAN, lower_bound=bound, stats=stats, no_plan=failure, reason=(
             "the only plan the solver found overflows memory (by its feasibility tolerance); no valid plan "
             "was found"))
-    plans = [Plan.table_wise(instance, a) for a in candidates]
-    best = min(plans, key=lambda p: oracle.plan_cost(instance, p))
-    objective = oracle.plan_cost(instance, best)
+    best = min(plans, key=lambda p: oracle.plan_cost(problem.instance, p))
+    objective = oracle.plan_cost(problem.instance, best)
     if bound <= objective * (1 + OPTIMALITY_TOLERANCE):
         # Only rounding can put a valid bound a hair above the plan; anything more is left for run_solver
         # to reject, so that a wrong bound is never turned into an "optimal".
         bound = min(bound, objective)
     gap = (objective - bound) / objective if objective > 0 else 0.0
     status = Status.OPTIMAL if gap <= OPTIMALITY_TOLERANCE else Status.FEASIBLE
-    return SolveResult(status, plan=best, lower_bound=bound, stats={**stats, "certified_gap": gap})
+    stats = {**stats, "certified_gap": gap}
+    if problem.splits:
+        stats["optimal_over"] = "enumerated options"
+        stats["options"] = int(candidates.live.sum())
+    return SolveResult(status, plan=best, lower_bound=bound, stats=stats)
+
+
+def _prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:
+    """The start, and a finished result where the model need not (or cannot) run."""
+    start = exact_start(problem, budget, seed)
+    if start.proven():
+        return start, _finish(problem, None, start.lower_bound, start,
+                              {"backend": backend, "note": "the heuristic start meets the lower bound"})
+    return start, None
+
+
+def _too_large(problem: Problem, start: ExactStart, backend: str, size: int) -> SolveResult | None:
+    if size <= MAX_MODEL_VARIABLES:
+        return None
+    return _finish(problem, None, start.lower_bound, start, {
+        "backend": backend, "variables": size,
+        "note": f"model of {size} variables is too large to build and solve within the budget; the heuristic plan "
+                "with the best bound known"})
+
+
+def model_size(candidates: Candidates) -> int:
+    """Variables the model would have (before symmetry breaking trims free devices)."""
+    k = candidates.num_devices
+    per_node = candidates.instance.topology.devices_per_node
+    size = 0
+    for ids in candidates.by_table:
+        for o in ids:
+            placement = candidates.placement(int(o))
+            size += 1 + (k if placement == "free" else k // per_node if placement == "node" else 0)
+    return size
 
 
 # ---------------------------------------------------------------- CP-SAT
 
 
-@register("cpsat", "CP-SAT (ortools) on integer-scaled costs with memory, symmetry breaking and a complete hint",
-          exact=True, needs_additive=True)
-def cpsat(instance: Instance, oracle: Oracle, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
+@dataclass(frozen=True)
+class IntegerCosts:
+    """Cost coefficients as integers for CP-SAT: cost / top × unit, rounded, where the tables' heaviest
+    options together make SCALED_TOTAL units. Dividing by the largest cost first makes tiny and huge costs
+    scale alike. All-zero costs give a pure feasibility model."""
+
+    unit: float
+    top: float
+
+    @classmethod
+    def of(cls, candidates: Candidates) -> "IntegerCosts":
+        live = np.concatenate([candidates.members(int(o)) for o in np.flatnonzero(candidates.live)])
+        top = float(candidates.priced.costs[live].max(initial=0.0))
+        heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)
+        if top <= 0 or heaviest <= 0:
+            return cls(1.0, 1.0)
+        return cls(SCALED_TOTAL / (heaviest / top), top)
+
+    def scale(self, cost: float) -> int:
+        return int(round(cost / self.top * self.unit))
+
+    def to_cost(self, units: float) -> float:
+        return units / self.unit * self.top
+
+
+@register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
+          "symmetry breaking and a complete hint", exact=True, needs_additive=True, splits=True)
+def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
 
     started = time.monotonic()
-    start = exact_start(instance, oracle, budget, seed)
-    if start.proven(instance, oracle):
-        return _finish(instance, oracle, start.assignment, start.lower_bound, None, {"note": "the heuristic start "
-                       "meets the lower bound"})
-    costs = oracle.table_costs(instance)
-    n, k = instance.num_tables, instance.num_devices
-    integer = IntegerCosts.of(costs)
-    scaled = integer.scaled
-    memory = instance.table_memory()
-    capacity = instance.topology.memory_bytes
-
-    model = cp_model.CpModel()
-    x: dict[tuple[int, int], object] = {}
-    for position, table in enumerate(start.order):
-        for d in allowed_devices(position, k):
-            x[int(table), d] = model.NewBoolVar(f"x{table}_{d}")
-    for table in range(n):
-        model.AddExactlyOne(x[table, d] for d in range(k) if (table, d) in x)
-    hint = relabel(start.assignment, start.order) if start.assignment is not None else None
-    upper = int(max(np.bincount(hint, weights=scaled, minlength=k))) if hint else int(scaled.sum())
-    lower = int(min(best_additive_lower_bound(scaled.astype(float), k), upper))
-    makespan = model.NewIntVar(lower, upper, "makespan")
+    start, done = _prelude(problem, budget, seed, "cpsat")
+    if done is not None:
+        return done
+    candidates = problem.candidates
+    too_large = _too_large(problem, start, "cpsat", model_size(candidates))
+    if too_large is not None:
+        return too_large
+    model = build_model(candidates, start)
+    integer = IntegerCosts.of(candidates)
+    cp = cp_model.CpModel()
+    variables = [cp.NewIntVar(int(lo), int(hi), name) for lo, hi, name in zip(model.lower, model.upper, model.names)]
+    for terms, coefficients, rhs in model.choices:
+        cp.Add(sum(c * variables[v] for v, c in zip(terms, coefficients)) == rhs)
+    # A device's true load × scale differs from its integer load by at most the sum, over its terms, of
+    # the term's largest multiplicity × its positive rounding error: the proven bound gives that back.
+    slack, rows = 0.0, []
+    for terms, costs in model.costs:
+        scaled = [integer.scale(c) for c in costs]
+        errors = [max(0.0, s - c / integer.top * integer.unit) * model.upper[v] for v, s, c in zip(terms, scaled, costs)]
+        slack = max(slack, float(sum(errors)))
+        rows.append((terms, scaled))
+    hinted = [sum(s * model.hint[v] for v, s in zip(terms, scaled)) for terms, scaled in rows]
+    # Without a start, the most any device could carry bounds the makespan.
+    upper = int(max(hinted) if start.assembly is not None else
+                max(sum(s * model.upper[v] for v, s in zip(terms, scaled)) for terms, scaled in rows))
+    lower = int(min(max(0.0, np.floor(start.lower_bound / integer.top * integer.unit - slack)), upper))
+    makespan = cp.NewIntVar(lower, upper, "makespan")
     loads = []
-    for d in range(k):
-        members = [int(t) for t in start.order[d:]]  # exactly the tables allowed on d
-        load = model.NewIntVar(0, upper, f"load{d}")
-        model.Add(load == sum(int(scaled[t]) * x[t, d] for t in members))
-        model.Add(load <= makespan)
+    for d, (terms, scaled) in enumerate(rows):
+        load = cp.NewIntVar(0, upper, f"load{d}")
+        cp.Add(load == sum(s * variables[v] for v, s in zip(terms, scaled)))
+        cp.Add(load <= makespan)
         loads.append(load)
-        if sum(memory) > capacity:  # Python ints: exact whatever the sizes
-            model.Add(sum(memory[t] * x[t, d] for t in members) <= capacity)
-    model.Minimize(makespan)
-    if hint:
-        for (t, d), var in x.items():
-            model.AddHint(var, hint[t] == d)
-        hinted = np.bincount(hint, weights=scaled, minlength=k).astype(np.int64)
-        for d, load in enumerate(loads):
-            model.AddHint(load, int(hinted[d]))
-        model.AddHint(makespan, upper)
-
+    for terms, needs in model.memory:
+        cp.Add(sum(n * variables[v] for v, n in zip(terms, needs)) <= model.capacity)
+    cp.Minimize(makespan)
+    if start.assembly is not None:
+        for var, value in zip(variables, model.hint):
+            cp.AddHint(var, int(round(value)))
+        for load, value in zip(loads, hinted):
+            cp.AddHint(load, int(value))
+        cp.AddHint(makespan, upper)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, budget.time_limit - (time.monotonic() - started))
     solver.parameters.num_workers = workers or os.cpu_count() or 1
     solver.parameters.random_seed = seed
-    if len(x) > 20000:
+    if len(variables) > 20000:
         solver.parameters.cp_model_probing_level = 0  # probing stalls on large models with few cores
-    code = solver.Solve(model)
-    stats = {"cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
-             "rounding_slack_units": integer.slack, "rounding_error_bound": integer.to_cost(integer.slack),
-             "variables": len(x),
-             "wall_time": solver.WallTime()}
-    if code == cp_model.INFEASIBLE and not hint:
-        return infeasible("CP-SAT proved that no placement fits the memory capacity")
+    code = solver.Solve(cp)
+    stats = {"backend": "cpsat", "cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
+             "rounding_slack_units": slack, "rounding_error_bound": integer.to_cost(slack),
+             "variables": len(variables), "wall_time": solver.WallTime()}
+    if code == cp_model.INFEASIBLE and start.assembly is None:
+        return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
     if code == cp_model.MODEL_INVALID:
-        raise RuntimeError(f"CP-SAT rejected the model: {model.Validate()}")
+        raise RuntimeError(f"CP-SAT rejected the model: {cp.Validate()}")
     found = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        found = tuple(next(d for d in range(k) if (t, d) in x and solver.Value(x[t, d])) for t in range(n))
-    proven = integer.to_cost(solver.BestObjectiveBound() - integer.slack)
-    return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats)
-
-
-@dataclass(frozen=True)
-class IntegerCosts:
-    """Costs as integers for CP-SAT: cost / top × unit, rounded, where all costs together make SCALED_TOTAL
-    units. Dividing by the largest cost first makes tiny and huge costs scale alike. A device's true load
-    in units differs from its integer load by at most `slack` (the sum of the positive rounding errors),
-    which a proven bound must give back. All-zero costs give a pure feasibility model."""
-
-    scaled: np.ndarray
-    unit: float
-    top: float
-    slack: float
-
-    @classmethod
-    def of(cls, costs: np.ndarray) -> "IntegerCosts":
-        costs = np.asarray(costs, dtype=float)
-        top = float(costs.max(initial=0.0))
-        if top <= 0:
-            return cls(np.zeros(costs.size, dtype=np.int64), 1.0, 1.0, 0.0)
-        relative = costs / top
-        unit = SCALED_TOTAL / relative.sum()
-        scaled = np.rint(relative * unit).astype(np.int64)
-        return cls(scaled, unit, top, float(np.clip(scaled - relative * unit, 0, None).sum()))
-
-    def to_cost(self, units: float) -> float:
-        return units / self.unit * self.top
+        found = decode(candidates, model, [solver.Value(v) for v in variables])
+    proven = integer.to_cost(solver.BestObjectiveBound() - slack)
+    return _finish(problem, found, max(start.lower_bound, proven), start, stats)
 
 
 # ---------------------------------------------------------------- MILP via PuLP
@@ -231,42 +474,40 @@ _CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
 
 @dataclass(frozen=True)
 class MilpRun:
-    """One backend run: the plan it returned (if any), its proven bound in model units, PuLP's statuses."""
+    """One backend run: the solution values (if any), its proven bound in model units, PuLP's statuses."""
 
-    found: tuple[int, ...] | None
+    values: list[float] | None
     raw_bound: float | None
     infeasible: bool
     stats: dict
 
 
-def _milp_run(instance: Instance, start: ExactStart, c: np.ndarray, upper: float, unit: float, hint, backend: str,
-              time_limit: float, seed: int, memory_room: float) -> MilpRun:
-    """Builds and solves the placement MILP with every device's memory (in units of its capacity) held
-    to `memory_room`."""
+def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_limit: float, seed: int,
+              memory_room: float, use_start: bool) -> MilpRun:
+    """Solves the model with costs in units of `unit` and every device's memory (in units of its
+    capacity) held to `memory_room`."""
     import pulp
 
-    n, k = instance.num_tables, instance.num_devices
-    memory = np.array(instance.table_memory(), dtype=float) / instance.topology.memory_bytes
-    problem = pulp.LpProblem("placement", pulp.LpMinimize)
-    makespan = problem.add_variable("makespan", lowBound=min(start.lower_bound / unit, upper), upBound=upper)
-    x = {}
-    for position, table in enumerate(start.order):
-        for d in allowed_devices(position, k):
-            x[int(table), d] = problem.add_variable(f"x_{table}_{d}", cat="Binary")
+    problem = pulp.LpProblem("plan", pulp.LpMinimize)
+    # A hair of room above the hint: CBC's presolve otherwise can round the hint itself out of the model.
+    upper = (model.makespan_hint / unit if use_start else
+             sum(max(c, default=0.0) for _, c in model.costs) / unit + 1.0) * (1 + 1e-7)
+    makespan = problem.add_variable("makespan", lowBound=min(lower / unit, upper), upBound=upper)
+    variables = [problem.add_variable(name, lowBound=lo, upBound=hi, cat="Binary" if hi == 1 else "Integer")
+                 for name, lo, hi in zip(model.names, model.lower, model.upper)]
     problem += makespan
-    for table in range(n):
-        problem += pulp.lpSum(x[table, d] for d in range(k) if (table, d) in x) == 1
-    for d in range(k):
-        members = [int(t) for t in start.order[d:]]  # exactly the tables allowed on d
-        problem += pulp.lpSum(float(c[t]) * x[t, d] for t in members) <= makespan
-        if sum(instance.table_memory()) > instance.topology.memory_bytes:
-            problem += pulp.lpSum(float(memory[t]) * x[t, d] for t in members) <= memory_room
-    if hint:
-        for (t, d), var in x.items():
-            var.setInitialValue(1.0 if hint[t] == d else 0.0)
+    for terms, coefficients, rhs in model.choices:
+        problem += pulp.lpSum(c * variables[v] for v, c in zip(terms, coefficients)) == rhs
+    for terms, costs in model.costs:
+        problem += pulp.lpSum(c / unit * variables[v] for v, c in zip(terms, costs)) <= makespan
+    for terms, needs in model.memory:
+        problem += pulp.lpSum(n / model.capacity * variables[v] for v, n in zip(terms, needs)) <= memory_room
+    if use_start:
+        for var, value in zip(variables, model.hint):
+            var.setInitialValue(value)
         makespan.setInitialValue(upper)
     if backend == "highs":
-        solver = _highs_with_start(time_limit, bool(hint))
+        solver = _highs_with_start(time_limit, use_start)
         problem.solve(solver)
         raw_bound = solver.dual_bound
     else:
@@ -275,7 +516,7 @@ def _milp_run(instance: Instance, start: ExactStart, c: np.ndarray, upper: float
             with warnings.catch_warnings():
                 # PuLP 3.3 flags its bundled CBC for removal in 4.0; pyproject keeps PuLP below 3.4.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, warmStart=bool(hint),
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, warmStart=use_start,
                                            threads=1, logPath=str(log), options=[f"randomSeed {seed + 1}"])
             problem.solve(solver)
             text = log.read_text() if log.exists() else ""
@@ -287,71 +528,74 @@ def _milp_run(instance: Instance, start: ExactStart, c: np.ndarray, upper: float
         else:
             raw_bound = float(progress[-1]) if progress else None
     stats = {"pulp_status": pulp.LpStatus[problem.status], "solution_status": pulp.LpSolution[problem.sol_status],
-             "variables": len(x)}
+             "variables": len(variables)}
     # CBC reports a proven infeasibility in the problem status while the solution status only says
     # "no solution"; HiGHS sets both.
     infeasible_model = problem.sol_status == pulp.LpSolutionInfeasible or problem.status == pulp.LpStatusInfeasible
-    found = None
+    values = None
     if problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        values = {key: var.varValue or 0.0 for key, var in x.items()}
-        found = tuple(max((d for d in range(k) if (t, d) in x), key=lambda d: values[t, d]) for t in range(n))
-    return MilpRun(found, raw_bound, infeasible_model, stats)
+        values = [var.varValue or 0.0 for var in variables]
+    return MilpRun(values, raw_bound, infeasible_model, stats)
 
 
-def milp(instance: Instance, oracle: Oracle, budget: Budget, seed: int, backend: str) -> SolveResult:
+def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResult:
     started = time.monotonic()
-    start = exact_start(instance, oracle, budget, seed)
-    if start.proven(instance, oracle):
-        return _finish(instance, oracle, start.assignment, start.lower_bound, None, {"backend": backend, "note":
-                       "the heuristic start meets the lower bound"})
-    costs = oracle.table_costs(instance)
-    k = instance.num_devices
-    unit = costs.sum() / k if costs.sum() > 0 else 1.0  # costs in units of the average load keep the LP well scaled
-    c = costs / unit
-    hint = relabel(start.assignment, start.order) if start.assignment is not None else None
-    # A hair of room above the hint: CBC's presolve otherwise can round the hint itself out of the model.
-    upper = (float(np.bincount(hint, weights=c, minlength=k).max()) if hint else float(c.sum())) * (1 + 1e-7)
-    capacity = instance.topology.memory_bytes
+    start, done = _prelude(problem, budget, seed, backend)
+    if done is not None:
+        return done
+    candidates = problem.candidates
+    too_large = _too_large(problem, start, backend, model_size(candidates))
+    if too_large is not None:
+        return too_large
+    model = build_model(candidates, start)
+    k = candidates.num_devices
+    heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)
+    unit = heaviest / k if heaviest > 0 else 1.0  # costs in units of the average load keep the LP well scaled
+    capacity = candidates.instance.topology.memory_bytes
+    use_start = start.assembly is not None
 
     def remaining() -> float:
         return max(1.0, budget.time_limit - (time.monotonic() - started))
 
-    run = _milp_run(instance, start, c, upper, unit, hint, backend, remaining(), seed, 1.0)
+    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start)
     stats = {"backend": backend, **run.stats}
-    if run.infeasible and not hint:
-        return infeasible(f"{backend} proved that no placement fits the memory capacity")
+    if run.infeasible and not use_start:
+        return infeasible(f"{backend} proved that no plan over the enumerated options fits the memory capacity")
     if run.infeasible:
         stats["note"] = "solver called the model infeasible although the heuristic start satisfies it"
-    found, raw_bound, failure = run.found, run.raw_bound, None
-    if found is not None:
-        over = max(Plan.table_wise(instance, found).memory_per_device(instance)) - capacity
+    found, failure = None, None
+    if run.values is not None:
+        found = decode(candidates, model, run.values)
+        over = max(candidates.plan(*found).memory_per_device(candidates.instance)) - capacity
         if over > 0:
             # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
             # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
             stats["first_plan_overflow_bytes"] = int(over)
-            failure = NoPlan(Cause.OVERFLOW, plan=Plan.table_wise(instance, found))
-            retry = _milp_run(instance, start, c, upper, unit, hint, backend, remaining(), seed,
-                              1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE))
+            failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
+            retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
+                              1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE), use_start)
             stats["retry_status"] = retry.stats["solution_status"]
-            found = retry.found
-            if found is not None and max(Plan.table_wise(instance, found).memory_per_device(instance)) > capacity:
+            found = decode(candidates, model, retry.values) if retry.values is not None else None
+            if found is not None and max(candidates.plan(*found).memory_per_device(candidates.instance)) > capacity:
                 found = None
+    raw_bound = run.raw_bound
     usable = raw_bound is not None and np.isfinite(raw_bound)
     proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0
     stats["solver_bound"] = proven
     ran_out = time.monotonic() - started >= TIME_LIMIT_SLACK * budget.time_limit
-    if found is None and hint is None and failure is None and not ran_out:
+    if found is None and not use_start and failure is None and not ran_out:
         raise RuntimeError(f"{backend} stopped after {time.monotonic() - started:.2f} s without a plan or a "
                            f"verdict (status {stats['pulp_status']}, solution {stats['solution_status']})")
-    return _finish(instance, oracle, found, max(start.lower_bound, proven), start.assignment, stats, failure)
+    return _finish(problem, found, max(start.lower_bound, proven), start, stats, failure)
 
 
-@register("milp-cbc", "MILP via PuLP with CBC, MIP start from the best heuristic", exact=True, needs_additive=True)
-def milp_cbc(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return milp(instance, oracle, budget, seed, "cbc")
+@register("milp-cbc", "MILP via PuLP with CBC: option per table and devices together, MIP start from the heuristic",
+          exact=True, needs_additive=True, splits=True)
+def milp_cbc(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return milp(problem, budget, seed, "cbc")
 
 
-@register("milp-highs", "MILP via PuLP with HiGHS (highspy), MIP start from the best heuristic", exact=True,
-          needs_additive=True)
-def milp_highs(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return milp(instance, oracle, budget, seed, "highs")
+@register("milp-highs", "MILP via PuLP with HiGHS (highspy): option per table and devices together, MIP start from "
+          "the heuristic", exact=True, needs_additive=True, splits=True)
+def milp_highs(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return milp(problem, budget, seed, "highs")

@@ -4,19 +4,22 @@ from __future__ import annotations
 
 import numpy as np
 
-from costmodels import HEURISTIC_COSTS, DeviceState, Oracle, heuristic_costs
+from costmodels import HEURISTIC_COSTS, DeviceState, heuristic_costs
 from costmodels.base import AdditiveDeviceState
 from instances import Instance
 
+from .assembly import Stuck
 from .base import (
     Budget,
     MemoryTracker,
     SolveResult,
+    Status,
     order_by_cost,
     planned,
     register,
     stuck,
 )
+from .candidates import Problem
 
 
 def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> SolveResult:
@@ -40,8 +43,8 @@ def greedy_by_costs(instance: Instance, costs: np.ndarray) -> SolveResult:
 
 
 def _heuristic_greedy(kind: str):
-    def solve(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-        return greedy_by_costs(instance, heuristic_costs(instance, kind))
+    def solve(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+        return greedy_by_costs(problem.instance, heuristic_costs(problem.instance, kind))
     return solve
 
 
@@ -50,34 +53,32 @@ for _kind, (_, _meaning) in HEURISTIC_COSTS.items():
 
 
 @register("lpt", "greedy (LPT) on the given oracle's per-table costs", needs_additive=True)
-def lpt(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return greedy_by_costs(instance, oracle.table_costs(instance))
+def lpt(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return greedy_by_costs(problem.instance, problem.table_wise.costs)
 
 
 @register("oracle-greedy", "greedy placing each table where the oracle's device cost after adding it is lowest "
           "(AutoShard's greedy with the cost model); works on non-additive oracles")
-def oracle_greedy(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return greedy_assign(instance, order_by_cost(oracle.single_table_costs(instance)), oracle.new_state(instance))
+def oracle_greedy(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    priced = problem.table_wise
+    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state())
 
 
-def greedy_starts(instance: Instance, oracle: Oracle) -> list[SolveResult]:
-    """The skeleton under three orders: by oracle cost (LPT), by memory (first-fit-decreasing style, which
-    survives tight memory where LPT gets stuck), and by the sum of both shares. Each balances the oracle."""
-    cost = oracle.single_table_costs(instance)
-    memory = np.array(instance.table_memory(), dtype=float)
-    share = cost / max(cost.sum(), 1e-300) + memory / max(memory.sum(), 1e-300)
-    return [greedy_assign(instance, order_by_cost(key), oracle.new_state(instance)) for key in (cost, memory, share)]
+def best_greedy(problem: Problem) -> SolveResult:
+    """The skeleton under three orders — by oracle cost (LPT), by memory (first-fit-decreasing style, which
+    survives tight memory where LPT gets stuck), by the sum of both shares — each balancing the oracle on
+    whole tables; the best plan, or the first failure when none finds one. It is `split-greedy` on
+    whole tables (solvers.search)."""
+    from .search import split_greedy, stuck_result
+
+    candidates = problem.whole_tables.candidates
+    result = split_greedy(candidates, splits=False)
+    if isinstance(result, Stuck):
+        return stuck_result(candidates, result)
+    return SolveResult(Status.FEASIBLE, plan=result.plan())
 
 
-def best_greedy(instance: Instance, oracle: Oracle) -> SolveResult:
-    """The best plan among the greedy starts, or the first failure when none finds one."""
-    starts = greedy_starts(instance, oracle)
-    with_plan = [r for r in starts if r.plan is not None]
-    if not with_plan:
-        return starts[0]
-    return min(with_plan, key=lambda r: oracle.plan_cost(instance, r.plan))
-
-
-@register("best-greedy", "best of the greedy skeleton under cost, memory and combined orders (memory-robust)")
-def best_greedy_solver(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    return best_greedy(instance, oracle)
+@register("best-greedy", "best of the greedy skeleton under cost, memory and combined orders, whole tables "
+          "(memory-robust)")
+def best_greedy_solver(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return best_greedy(problem)

@@ -33,6 +33,7 @@ from costmodels.neural import (
 from instances import Instance, Plan
 
 from .base import Budget, Cause, MemoryTracker, NoPlan, SolveResult, Status, planned
+from .candidates import Problem
 
 ALGORITHMS = ("autoshard", "dreamshard")
 ENTROPY_COST = 0.001
@@ -386,8 +387,8 @@ def policy_plan(instance: Instance, path: Path) -> SolveResult:
     return planned(instance, episode.assignment)
 
 
-def solve_with_policy(algorithm: str, polish: bool, instance: Instance, oracle: Oracle, budget: Budget,
-                      seed: int) -> SolveResult:
+def solve_with_policy(algorithm: str, polish: bool, problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    instance = problem.instance
     path = shipped_policy_path(algorithm)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no trained {algorithm} policy shipped; run `shardbench train policy`")
@@ -395,9 +396,13 @@ def solve_with_policy(algorithm: str, polish: bool, instance: Instance, oracle: 
     result = policy_plan(instance, path)
     if not polish or result.plan is None:
         return result
-    from .search import improve
+    from .assembly import Assembly
+    from .search import improve, target_bound
 
+    candidates = problem.whole_tables.candidates
+    assembly = Assembly(candidates)
+    for table, device in enumerate(result.plan.assignment):
+        assembly.put(int(candidates.by_table[table][0]), np.array([device]))
     remaining = max(0.0, budget.time_limit - (time.monotonic() - started))
-    assignment, stats = improve(instance, oracle, result.plan.assignment, time.monotonic() + remaining, seed,
-                                budget.max_rounds)
-    return planned(instance, assignment, stats=stats)
+    stats = improve(assembly, time.monotonic() + remaining, seed, budget.max_rounds, False, target_bound(candidates))
+    return SolveResult(Status.FEASIBLE, plan=assembly.plan(), stats=stats)

@@ -1,89 +1,128 @@
-"""Search on any oracle through the incremental device state: iterated local search (best-improvement
-moves and swaps off the most loaded device, random kicks between descents) and AutoShard's random search
-(best of N random feasible plans)."""
+"""Search on any oracle through the incremental device state. Iterated local search over pieces:
+best-improvement moves and swaps of free pieces off the most loaded device, and — where tables may be
+split — changes of a table's sharding option (its pieces refitted), with random kicks between descents;
+the split-aware greedy (construction plus descent on option changes); and AutoShard's random search (best
+of N random feasible plans)."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-from costmodels import DeviceState, Oracle
-from instances import Instance
-
+from .assembly import (
+    RELATIVE_STEP,
+    Assembly,
+    Stuck,
+    choose_options,
+    construct,
+    piece_peaks,
+)
 from .base import (
     Budget,
     Cause,
-    MemoryTracker,
     NoPlan,
     SolveResult,
     Status,
-    planned,
+    order_by_cost,
     register,
 )
 from .baselines import random_assignment
-from .bounds import best_additive_lower_bound
-from .greedy import best_greedy
+from .bounds import best_option_bound
+from .candidates import Candidates, Problem
 
-RELATIVE_STEP = 1e-12  # an improvement must beat the current cost by more than float noise
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
+OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
+OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a table's option (when splitting)
 
 
 class _Search:
-    """A plan under change: assignment, per-device members, free memory and the oracle's device state."""
+    """Local search on an assembly; `splits` allows option changes."""
 
-    def __init__(self, instance: Instance, oracle: Oracle, assignment):
-        self.instance, self.oracle = instance, oracle
-        self.load(assignment)
+    def __init__(self, assembly: Assembly, splits: bool):
+        self.a, self.c, self.splits = assembly, assembly.c, splits
 
-    def load(self, assignment) -> None:
-        self.assignment = np.array(assignment, dtype=np.int64)
-        self.state: DeviceState = self.oracle.new_state(self.instance)
-        self.memory = MemoryTracker(self.instance)
-        for table, device in enumerate(self.assignment):
-            self.state.add(table, int(device))
-            self.memory.place(table, int(device))
-
-    def objective(self) -> float:
-        return float(self.state.costs().max())
-
-    def move(self, table: int, device: int) -> None:
-        source = int(self.assignment[table])
-        self.state.remove(table, source)
-        self.memory.unplace(table, source)
-        self.state.add(table, device)
-        self.memory.place(table, device)
-        self.assignment[table] = device
+    def free_pieces(self) -> np.ndarray:
+        placed = self.a.placed()
+        return placed[self.c.options.pin[placed] < 0]
 
     def best_step(self) -> tuple | None:
-        """The move or swap off the most loaded device that lowers the larger of the two touched devices'
-        costs the most, or None at a local optimum."""
-        costs = self.state.costs()
+        """The move or swap of a free piece off the most loaded device, or the option change of a table
+        with a piece there, that lowers the largest cost among the devices it touches the most; None at a
+        local optimum."""
+        a, state = self.a, self.a.state
+        costs = state.costs()
         top = int(np.argmax(costs))
         ceiling = costs[top] * (1 - RELATIVE_STEP)
         best_value, best = ceiling, None
-        need = self.memory.need
-        elsewhere = np.flatnonzero(self.assignment != top)
-        other_devices = self.assignment[elsewhere]
-        for table in np.flatnonzero(self.assignment == top):
-            table = int(table)
-            after_top = self.state.cost_if_exchanged(top, table, None)
-            targets = np.flatnonzero((self.memory.free >= need[table]) & (np.arange(costs.size) != top))
+        need, free = a.memory, a.free
+        movable = self.free_pieces()
+        elsewhere = movable[a.device[movable] != top]
+        other_devices = a.device[elsewhere]
+        for piece in movable[a.device[movable] == top]:
+            piece = int(piece)
+            after_top = state.cost_if_exchanged(top, piece, None)
+            targets = np.flatnonzero((free >= need[piece]) & (np.arange(costs.size) != top))
             if targets.size:
-                pair = np.maximum(after_top, self.state.costs_if_added(table, targets))
+                pair = np.maximum(after_top, state.costs_if_added(piece, targets))
                 i = int(np.argmin(pair))
                 if pair[i] < best_value:
-                    best_value, best = pair[i], ("move", table, int(targets[i]))
+                    best_value, best = pair[i], ("move", piece, int(targets[i]))
             if elsewhere.size:
-                fits = ((self.memory.free[top] + need[table] - need[elsewhere] >= 0)
-                        & (self.memory.free[other_devices] + need[elsewhere] - need[table] >= 0))
+                fits = ((free[top] + need[piece] - need[elsewhere] >= 0)
+                        & (free[other_devices] + need[elsewhere] - need[piece] >= 0))
                 candidates, devices = elsewhere[fits], other_devices[fits]
                 if candidates.size:
-                    here, there = self.state.costs_if_swapped(table, top, candidates, devices)
+                    here, there = state.costs_if_swapped(piece, top, candidates, devices)
                     pair = np.maximum(here, there)
                     i = int(np.argmin(pair))
                     if pair[i] < best_value:
-                        best_value, best = pair[i], ("swap", table, int(candidates[i]))
+                        best_value, best = pair[i], ("swap", piece, int(candidates[i]))
+        if self.splits:
+            for table in self.heaviest_tables_on(top):
+                value, trial = self.best_option_change(table)
+                if trial is not None and value < best_value:
+                    best_value, best = value, ("option", table, trial)
         return best
+
+    def heaviest_tables_on(self, device: int) -> list[int]:
+        """The tables whose pieces cost the most on `device` (by the pieces' cost alone), at most OPTION_CHANGES."""
+        pieces = self.a.on(device)
+        tables = self.c.options.pieces.table[pieces]
+        cost = np.zeros(self.a.chosen.size)
+        np.add.at(cost, tables, self.c.single_costs[pieces])
+        present = np.unique(tables)
+        return [int(t) for t in present[np.argsort(-cost[present], kind="stable")][:OPTION_CHANGES]]
+
+    def best_option_change(self, table: int):
+        """The table's other option whose fitting leaves the devices it touches lowest."""
+        a = self.a
+        old, devices = a.take(table)
+        best_value, best = np.inf, None
+        for option in self.c.by_table[table]:
+            if option == old:
+                continue
+            trial = a.fit(int(option))
+            if isinstance(trial, Stuck):
+                continue
+            touched = np.union1d(devices, trial.devices)
+            value = float(trial.costs[touched].max())
+            if value < best_value:
+                best_value, best = value, trial
+        a.put(old, devices)
+        return best_value, best
+
+    def apply(self, step: tuple) -> None:
+        kind, first, second = step
+        a = self.a
+        if kind == "move":
+            a.move(first, second)
+        elif kind == "swap":
+            mine, theirs = int(a.device[first]), int(a.device[second])
+            a.move(first, theirs)
+            a.move(second, mine)
+        else:
+            a.take(first)
+            a.put(second.option, second.devices)
 
     def descend(self, deadline: float) -> int:
         steps = 0
@@ -91,78 +130,199 @@ class _Search:
             step = self.best_step()
             if step is None:
                 break
-            kind, table, target = step
-            if kind == "move":
-                self.move(table, target)
-            else:
-                mine, theirs = int(self.assignment[table]), int(self.assignment[target])
-                self.move(table, theirs)
-                self.move(target, mine)
+            self.apply(step)
             steps += 1
         return steps
 
     def kick(self, rng: np.random.Generator, size: int) -> None:
-        """Move `size` random tables to random devices with room."""
-        for table in rng.choice(self.assignment.size, size=min(size, self.assignment.size), replace=False):
-            room = np.flatnonzero(self.memory.free >= self.memory.need[table])
-            room = room[room != self.assignment[table]]
+        """Moves `size` random free pieces to random devices with room; when splitting, also switches a
+        share of that many random tables to a random other option."""
+        a = self.a
+        movable = self.free_pieces()
+        for i in rng.choice(movable.size, size=min(size, movable.size), replace=False):
+            piece = int(movable[i])
+            room = np.flatnonzero(a.free >= a.memory[piece])
+            room = room[room != a.device[piece]]
             if room.size:
-                self.move(int(table), int(rng.choice(room)))
+                a.move(piece, int(rng.choice(room)))
+        if not self.splits:
+            return
+        for table in rng.choice(a.chosen.size, size=max(1, int(OPTION_KICK_SHARE * size)), replace=True):
+            options = [int(o) for o in self.c.by_table[table] if o != a.chosen[table]]
+            if not options:
+                continue
+            old, devices = a.take(int(table))
+            trial = a.fit(int(rng.choice(options)))
+            if isinstance(trial, Stuck):
+                a.put(old, devices)
+            else:
+                a.put(trial.option, trial.devices)
 
 
-def improve(instance: Instance, oracle: Oracle, start, deadline: float, seed: int,
-            max_rounds: int | None = None) -> tuple[tuple[int, ...], dict]:
-    """Iterated local search from `start` until the deadline, `max_rounds` kicks (which makes the result
-    a function of the seed alone) or a plan that meets the lower bound. Never worse than the start."""
-    target = (best_additive_lower_bound(oracle.table_costs(instance), instance.num_devices) * (1 + 1e-12)
-              if oracle.additive else -np.inf)
+def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | None = None, splits: bool = False,
+            target: float = -np.inf) -> dict:
+    """Iterated local search on `assembly` until the deadline, `max_rounds` kicks (which makes the result
+    a function of the seed alone) or a plan at `target` (a lower bound). Leaves the best plan found in
+    the assembly — never worse than the start — and returns statistics."""
     rng = np.random.default_rng(seed)
-    search = _Search(instance, oracle, start)
-    start_value = search.objective()
+    search = _Search(assembly, splits)
+    start_value = assembly.objective()
     steps = search.descend(deadline)
-    best, best_value = search.assignment.copy(), search.objective()
-    kick_size = max(2, instance.num_tables // 50)
+    best, best_value = assembly.snapshot(), assembly.objective()
+    kick_size = max(2, assembly.chosen.size // 50)
     rounds = 0
+    target = target * (1 + 1e-12)
     while (time.monotonic() < deadline and (max_rounds is None or rounds < max_rounds) and best_value > target
-           and instance.num_devices > 1):
+           and assembly.k > 1):
         rounds += 1
         search.kick(rng, int(rng.integers(1, kick_size + 1)))
         steps += search.descend(deadline)
-        value = search.objective()
+        value = assembly.objective()
         if value <= best_value:
             if value < best_value * (1 - RELATIVE_STEP):
-                best, best_value = search.assignment.copy(), value
-            else:
-                best = search.assignment.copy()
+                best_value = value
+            best = assembly.snapshot()
         else:
-            search.load(best)
-    return tuple(int(d) for d in best), {"start_objective": start_value, "steps": steps, "kicks": rounds}
+            assembly.load(*best)
+    if not np.array_equal(assembly.snapshot()[1], best[1]):
+        assembly.load(*best)
+    return {"start_objective": start_value, "steps": steps, "kicks": rounds}
 
 
-@register("local-search", "iterated local search (moves, swaps, random kicks) from the best greedy; any oracle",
-          stochastic=True)
-def local_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
-    deadline = budget.deadline()
-    start = best_greedy(instance, oracle)
-    if start.plan is None:
-        return start
-    assignment, stats = improve(instance, oracle, start.plan.assignment, deadline, seed, budget.max_rounds)
-    return planned(instance, assignment, stats=stats)
+def target_bound(candidates: Candidates) -> float:
+    return best_option_bound(candidates) if candidates.priced.additive else -np.inf
+
+
+def _orders(candidates: Candidates, chosen: np.ndarray, weight: np.ndarray) -> list[np.ndarray]:
+    """The greedy skeleton's three table orders for the chosen options: by cost (largest piece, LPT), by
+    memory (largest piece's memory, which survives tight memory where LPT gets stuck), and by the sum of
+    both shares."""
+    peaks = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
+    cost = peaks[chosen]
+    memory = np.array([float(candidates.memory[candidates.members(int(o))].max()) for o in chosen])
+    share = cost / max(cost.sum(), 1e-300) + memory / max(memory.sum(), 1e-300)
+    return [order_by_cost(key) for key in (cost, memory, share)]
+
+
+def option_weight(candidates: Candidates) -> np.ndarray:
+    """What an option adds in all: its work (additive oracles), else its pieces' costs alone."""
+    if candidates.priced.additive:
+        return candidates.work
+    return np.add.reduceat(candidates.single_costs, candidates.options.first)
+
+
+LEVEL_STEPS = 8  # bisection steps on the level below which pieces must stay
+
+
+def split_greedy(candidates: Candidates, splits: bool = True) -> Assembly | Stuck:
+    """The split-aware greedy. For a level L, every table takes its lightest option whose largest piece
+    stays below L (whole tables where they are small enough, splits only where they must), and the
+    chosen options are placed LPT-style under the three orders; L is bisected between the lower bound
+    and the plan that splits nothing it need not. The best plan then descends on option changes of the
+    tables on the busiest device while that lowers it. With one option per table it is `best-greedy`."""
+    for table, ids in enumerate(candidates.by_table):
+        if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
+            o = next(o for o, option in enumerate(candidates.options.options) if option.table == table)
+            piece = int(candidates.members(o)[0])
+            return Stuck(piece, int(candidates.memory[piece]), int(candidates.instance.topology.memory_bytes))
+    weight = option_weight(candidates)
+
+    def build(level: float, orders: str = "all") -> tuple[Assembly | None, Stuck | None]:
+        chosen = choose_options(candidates, level, weight)
+        built = [construct(candidates, order, chosen, weight) for order in _orders(candidates, chosen, weight)
+                 [: 1 if orders == "cost" else 3]]
+        assemblies = [b for b in built if isinstance(b, Assembly)]
+        if not assemblies:
+            return None, built[0]
+        return min(assemblies, key=lambda a: a.objective()), None
+
+    best, stuck = build(np.inf)
+    if splits and best is not None:
+        low, high = target_bound(candidates), best.objective()
+        for _ in range(LEVEL_STEPS):
+            if high <= low * (1 + 1e-6):
+                break
+            level = (low + high) / 2
+            trial, _ = build(level, "cost")
+            if trial is not None and trial.objective() < best.objective():
+                best = trial
+            if trial is not None and trial.objective() <= level * (1 + 1e-6):
+                high = level
+            else:
+                low = level
+        if best is not None:
+            _descend_on_options(best)
+    return best if best is not None else stuck
+
+
+def _descend_on_options(assembly: Assembly) -> None:
+    search = _Search(assembly, splits=True)
+    while True:
+        costs = assembly.costs()
+        top = int(np.argmax(costs))
+        step, value = None, costs[top] * (1 - RELATIVE_STEP)
+        for table in search.heaviest_tables_on(top):
+            change_value, trial = search.best_option_change(table)
+            if trial is not None and change_value < value:
+                value, step = change_value, ("option", table, trial)
+        if step is None:
+            return
+        search.apply(step)
+
+
+def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
+    table = int(candidates.options.pieces.table[stuck.piece])
+    name = candidates.instance.tables[table].name
+    return SolveResult(Status.NO_PLAN, reason=(
+        f"table {name} (a piece of {stuck.need} B) fits on no device it may take: the most free memory left "
+        f"there is {stuck.most_free} B (a heuristic dead end, not a proof of infeasibility)"),
+        no_plan=NoPlan(Cause.DEAD_END, table=table, need=stuck.need, most_free=stuck.most_free))
+
+
+def searched(problem: Problem, budget: Budget, seed: int, deadline: float) -> tuple[Assembly | None, SolveResult | None, dict]:
+    """Split-greedy, then iterated local search until `deadline`: the assembly, or the dead end."""
+    candidates = problem.candidates
+    start = split_greedy(candidates, problem.splits)
+    if isinstance(start, Stuck):
+        return None, stuck_result(candidates, start), {}
+    stats = improve(start, deadline, seed, budget.max_rounds, problem.splits, target_bound(candidates))
+    return start, None, stats
+
+
+@register("split-greedy", "split-aware greedy: each table takes its lightest option whose pieces stay below a level "
+          "(bisected down from the plan that splits nothing it need not), pieces placed LPT where they cost least; "
+          "then tables on the busiest device change option while that lowers it; any oracle", splits=True)
+def split_greedy_solver(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    result = split_greedy(problem.candidates, problem.splits)
+    if isinstance(result, Stuck):
+        return stuck_result(problem.candidates, result)
+    return SolveResult(Status.FEASIBLE, plan=result.plan())
+
+
+@register("local-search", "iterated local search (moves, swaps, option changes, random kicks) from the split-aware "
+          "greedy; any oracle", stochastic=True, splits=True)
+def local_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    assembly, failure, stats = searched(problem, budget, seed, budget.deadline())
+    if failure is not None:
+        return failure
+    return SolveResult(Status.FEASIBLE, plan=assembly.plan(), stats=stats)
 
 
 @register("random-search", "best of up to 1000 random memory-feasible plans (AutoShard §5.3)", stochastic=True)
-def random_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int) -> SolveResult:
+def random_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    instance = problem.instance
     deadline = budget.deadline()
     rng = np.random.default_rng(seed)
     best, best_value, samples, dead_ends = None, np.inf, 0, 0
     limit = budget.max_rounds if budget.max_rounds is not None else RANDOM_SEARCH_SAMPLES
+    priced = problem.table_wise
     while samples < limit and (samples == 0 or time.monotonic() < deadline):
         samples += 1
         result = random_assignment(instance, rng)
         if result.plan is None:
             dead_ends += 1
             continue
-        value = oracle.plan_cost(instance, result.plan)
+        value = max(c.total for c in priced.device_costs(np.asarray(result.plan.assignment)))
         if value < best_value:
             best, best_value = result.plan, value
     stats = {"samples": samples, "dead_ends": dead_ends}
@@ -170,4 +330,3 @@ def random_search(instance: Instance, oracle: Oracle, budget: Budget, seed: int)
         return SolveResult(Status.NO_PLAN, reason=f"all {samples} random samples hit a memory dead end (not a proof)",
                            stats=stats, no_plan=NoPlan(Cause.SAMPLING, samples=samples))
     return SolveResult(Status.FEASIBLE, plan=best, stats=stats)
-

@@ -34,11 +34,13 @@ def make_table(name: str, rows: int, dim: int, pooling: float, dtype_bytes: int 
     return Table(name=name, rows=rows, dim=dim, dtype_bytes=dtype_bytes, pooling_factor=pooling, reuse_bins=bins)
 
 
-def make_instance(specs, devices: int, capacity: int, instance_id: str = "t") -> Instance:
+def make_instance(specs, devices: int, capacity: int, instance_id: str = "t", types=("table_wise",),
+                  nodes: int = 1) -> Instance:
+    """Whole tables only unless `types` says otherwise: most tests are about the table-wise problem."""
     tables = tuple(make_table(f"t{i}", rows, dim, pooling) for i, (rows, dim, pooling) in enumerate(specs))
     return Instance(id=instance_id, tables=tables,
-                    topology=Topology(nodes=1, devices_per_node=devices, memory_bytes=capacity),
-                    workload=Workload()).validate()
+                    topology=Topology(nodes=nodes, devices_per_node=devices, memory_bytes=capacity),
+                    workload=Workload(), sharding_types=tuple(types)).validate()
 
 
 @st.composite

@@ -18,20 +18,20 @@ from solvers.base import _REGISTRY, planned, register
 
 
 # Misbehaving solvers: the runner must turn each into one error row and go on.
-def _raises(instance, oracle, budget, seed):
+def _raises(problem, budget, seed):
     raise RuntimeError("boom")
 
 
-def _hangs(instance, oracle, budget, seed):
+def _hangs(problem, budget, seed):
     time.sleep(3600)
 
 
-def _dies(instance, oracle, budget, seed):
+def _dies(problem, budget, seed):
     os._exit(9)
 
 
-def _cheats(instance, oracle, budget, seed):
-    return planned(instance, (0,) * instance.num_tables)
+def _cheats(problem, budget, seed):
+    return planned(problem.instance, (0,) * problem.instance.num_tables)
 
 
 @pytest.fixture
@@ -200,7 +200,7 @@ def test_a_bound_above_a_valid_plan_is_reported_not_used():
     rows = {row.solver: row for row in leaderboard_rows(records)}
     assert rows["good"].gap[0] == pytest.approx(100 / 95 - 1)
     markdown = leaderboard_markdown(records, "t")
-    assert "liar (1 s) claims bound 103" in markdown
+    assert "liar (1 s, table_wise) claims bound 103" in markdown
 
 
 def test_a_judge_prices_plans_that_other_oracles_guided(tmp_path, small_set):

@@ -27,19 +27,20 @@ BUDGET = Budget(5.0)
 @pytest.fixture
 def plugins():
     """Solvers that claim what their plan does not support."""
-    def round_robin_claiming_optimal(instance, oracle, budget, seed):
+    def round_robin_claiming_optimal(problem, budget, seed):
+        instance = problem.instance
         return planned(instance, [t % instance.num_devices for t in range(instance.num_tables)], Status.OPTIMAL)
 
-    def claims_infeasible(instance, oracle, budget, seed):
+    def claims_infeasible(problem, budget, seed):
         return SolveResult(Status.INFEASIBLE, reason="trust me")
 
-    def nan_bound(instance, oracle, budget, seed):
-        return planned(instance, (0,) * instance.num_tables, lower_bound=math.nan)
+    def nan_bound(problem, budget, seed):
+        return planned(problem.instance, (0,) * problem.instance.num_tables, lower_bound=math.nan)
 
-    def quick_timeout(instance, oracle, budget, seed):
+    def quick_timeout(problem, budget, seed):
         return SolveResult(Status.NO_PLAN, reason="ran out of time", no_plan=NoPlan(Cause.TIME_LIMIT))
 
-    def false_dead_end(instance, oracle, budget, seed):
+    def false_dead_end(problem, budget, seed):
         return SolveResult(Status.NO_PLAN, reason="stuck", no_plan=NoPlan(Cause.DEAD_END, table=0, need=1, most_free=5))
 
     fns = {"t-optimal": round_robin_claiming_optimal, "t-infeasible": claims_infeasible, "t-nan": nan_bound,
@@ -77,7 +78,7 @@ def test_budgets_and_seeds_are_checked():
 
 def _instance(sizes, devices, capacity, pooling=0.0, dtype_bytes=1, dim=1):
     tables = tuple(make_table(f"t{i}", size, dim, pooling, dtype_bytes=dtype_bytes) for i, size in enumerate(sizes))
-    return Instance("i", tables, Topology(1, devices, capacity), Workload()).validate()
+    return Instance("i", tables, Topology(1, devices, capacity), Workload(), sharding_types=("table_wise",)).validate()
 
 
 @pytest.mark.parametrize("name", ["cpsat", "milp-cbc", "milp-highs"])

@@ -1,4 +1,5 @@
-import numpy as np
+import dataclasses
+
 import pytest
 from conftest import brute_force_optimum, examples, make_instance, small_instances
 from hypothesis import given
@@ -9,14 +10,15 @@ from costmodels import get_oracle
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from solvers import (
     Budget,
+    Candidates,
+    Problem,
     SolverOracleMismatch,
     Status,
     best_additive_lower_bound,
     get_solver,
+    lp_bound,
     run_solver,
 )
-from solvers.bounds import lp_relaxation_bound
-from solvers.exact import allowed_devices, relabel
 from solvers.greedy import best_greedy
 
 EXACT = ["cpsat", "milp-cbc", "milp-highs"]
@@ -44,7 +46,8 @@ def test_exact_solvers_find_the_brute_force_optimum(instance, oracle_name):
 
 @pytest.fixture(scope="module")
 def medium_instance():
-    return sample_tasks(TaskSpec("autoshard", 200, count=1, num_devices=16, memory=MemorySpec(tightness=1.1)))[0]
+    task = sample_tasks(TaskSpec("autoshard", 200, count=1, num_devices=16, memory=MemorySpec(tightness=1.1)))[0]
+    return dataclasses.replace(task, sharding_types=("table_wise",))
 
 
 @pytest.mark.parametrize("name", EXACT)
@@ -69,7 +72,7 @@ def test_every_bound_is_below_every_objective(instance, oracle_name):
     oracle = get_oracle(oracle_name)
     costs = oracle.table_costs(instance)
     combinatorial = best_additive_lower_bound(costs, instance.num_devices)
-    lp = lp_relaxation_bound(costs, instance.table_memory(), instance.topology.memory_bytes, instance.num_devices)
+    lp = lp_bound(Candidates.build(instance, oracle))
     for name in ["lpt", "best-greedy", "oracle-greedy", "local-search", "random-search", *EXACT]:
         result = run_solver(name, instance, oracle, QUICK, 0)
         if not result.has_plan:
@@ -81,16 +84,18 @@ def test_every_bound_is_below_every_objective(instance, oracle_name):
 
 
 def test_lp_relaxation_is_none_only_without_room():
-    costs = np.array([3.0, 2.0, 1.0])
-    assert lp_relaxation_bound(costs, np.array([5, 5, 5]), 4, 3) is None
-    assert lp_relaxation_bound(costs, np.array([1, 1, 1]), 4, 2) == pytest.approx(3.0)
+    oracle = get_oracle("lookup")
+    roomy = make_instance([(1, 1, 3.0), (1, 1, 2.0), (1, 1, 1.0)], 2, 4)
+    assert lp_bound(Candidates.build(roomy, oracle)) == pytest.approx(3.0, rel=1e-6)
+    cramped = make_instance([(3, 1, 3.0), (3, 1, 2.0), (3, 1, 1.0)], 3, 4)  # 6 B per table, 4 B per device
+    assert lp_bound(Candidates.build(cramped, oracle)) is None
 
 
 @examples(30)
 @given(small_instances(max_tables=12, max_devices=4), st.integers(0, 5))
 def test_local_search_never_worsens_its_start_nor_breaks_memory(instance, seed):
     oracle = get_oracle("lookup")
-    start = best_greedy(instance, oracle)
+    start = best_greedy(Problem(instance, oracle))
     result = run_solver("local-search", instance, oracle, QUICK, seed)
     if start.plan is None:
         assert not result.has_plan
@@ -113,20 +118,10 @@ def test_local_search_and_oracle_greedy_run_on_a_non_additive_oracle():
 def test_local_search_improves_a_real_task():
     instance = sample_tasks(TaskSpec("autoshard", 80, count=1, memory=MemorySpec(tightness=1.1)))[0]
     oracle = get_oracle("lookup")
-    start = oracle.plan_cost(instance, best_greedy(instance, oracle).plan)
+    start = oracle.plan_cost(instance, best_greedy(Problem(instance, oracle)).plan)
     result = run_solver("local-search", instance, oracle, Budget(60.0, max_rounds=50), 0)
     assert result.objective < start
     assert result.stats["steps"] > 0
-
-
-@given(st.lists(st.integers(0, 4), min_size=1, max_size=15), st.randoms())
-def test_relabelled_hint_is_the_same_plan_and_obeys_symmetry_breaking(assignment, rnd):
-    order = np.array(rnd.sample(range(len(assignment)), len(assignment)))
-    relabelled = relabel(assignment, order)
-    groups = lambda a: sorted(sorted(t for t in range(len(a)) if a[t] == d) for d in set(a))
-    assert groups(relabelled) == groups(assignment)
-    for position, table in enumerate(order):
-        assert relabelled[table] in allowed_devices(position, 5)
 
 
 def test_random_search_is_best_of_its_samples():

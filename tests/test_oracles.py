@@ -54,8 +54,11 @@ def test_analytic_communication_depends_on_the_sum_of_dims_on_a_device():
     instance = make_instance([(10, 16, 1.0), (10**6, 16, 50.0), (500, 32, 3.0)], 4, 1 << 40)
     two_small = oracle.device_cost(instance, [0, 1])
     one_wide = oracle.device_cost(instance, [2])
-    assert two_small.forward_comm == pytest.approx(one_wide.forward_comm)
+    assert two_small.backward_comm == pytest.approx(one_wide.backward_comm)  # outputs: Σ dims
     assert two_small.forward_compute != pytest.approx(one_wide.forward_compute)
+    # Forward also brings in the lookups' ids: 8 bytes per lookup from every other device.
+    ids = lambda i, t: (oracle.device_cost(i, [t]).forward_comm - oracle.device_cost(i, [t]).backward_comm)
+    assert ids(instance, 1) == pytest.approx(50.0 / 3.0 * ids(instance, 2))
     single = make_instance([(10, 16, 1.0)], 1, 1 << 40)
     assert oracle.device_cost(single, [0]).forward_comm == 0.0
     flat = Instance("flat", instance.tables, Topology(1, 8, 1 << 40), instance.workload)

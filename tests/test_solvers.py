@@ -11,6 +11,7 @@ from costmodels import get_oracle
 from solvers import (
     Budget,
     Cause,
+    Problem,
     SolverOracleMismatch,
     Status,
     UnknownSolverError,
@@ -39,7 +40,7 @@ def test_every_solver_returns_a_valid_plan_or_a_justified_failure(instance, orac
     instance: the table that found no room really needs more than the most free memory reported, a
     learned policy's rejected plan really overflows memory, a time limit was really spent."""
     oracle = get_oracle(oracle_name)
-    proof = memory_infeasibility(instance)
+    proof = memory_infeasibility(Problem(instance, oracle))
     for name in PLACEMENT:
         started = time.monotonic()
         result = _solve(name, instance, oracle)

@@ -1,0 +1,140 @@
+"""Sharding options: every way a table may be cut under the instance's allowed sharding types, and the
+pieces each option puts on devices. This is the one place that knows the types' rules:
+- table_wise: one free piece (the solver picks its device);
+- column_wise: c equal column blocks (c = 2, 4, 8, ... while widths stay multiples of 4 and c fits the
+  devices), each a free piece;
+- row_wise: TorchRec's row cut over all K devices, piece d pinned to device d;
+- table_row_wise: TorchRec's row cut over the W devices of one node, piece i pinned to local rank i of
+  the node the solver picks;
+- data_parallel: a full replica pinned to every device.
+Options that are the same plan as a cheaper type (row-wise or data-parallel on one device, table-row-wise
+with one device per node) are not enumerated."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .model import Instance
+from .pieces import KIND_CODE, Pieces
+from .sharding import (
+    COLUMN_WISE,
+    DATA_PARALLEL,
+    ROW_WISE,
+    TABLE_ROW_WISE,
+    TABLE_WISE,
+    Plan,
+    Shard,
+    TableSharding,
+    column_counts,
+)
+
+FREE, PINNED, NODE = "free", "pinned", "node"  # how an option's pieces get their devices
+
+
+@dataclass(frozen=True)
+class Option:
+    table: int
+    sharding_type: str
+    parts: int
+
+    @property
+    def placement(self) -> str:
+        if self.sharding_type in (TABLE_WISE, COLUMN_WISE):
+            return FREE
+        return NODE if self.sharding_type == TABLE_ROW_WISE else PINNED
+
+    @property
+    def label(self) -> str:
+        return f"{self.sharding_type}×{self.parts}" if self.sharding_type == COLUMN_WISE else self.sharding_type
+
+
+def enumerate_options(instance: Instance) -> list[Option]:
+    """Every option of every table, tables in order, table-wise first where allowed."""
+    k, per_node = instance.num_devices, instance.topology.devices_per_node
+    options = []
+    for t, table in enumerate(instance.tables):
+        allowed = instance.allowed_types(table)
+        if TABLE_WISE in allowed:
+            options.append(Option(t, TABLE_WISE, 1))
+        if COLUMN_WISE in allowed:
+            options += [Option(t, COLUMN_WISE, c) for c in column_counts(table.dim, k)]
+        if ROW_WISE in allowed and k > 1:
+            options.append(Option(t, ROW_WISE, k))
+        if TABLE_ROW_WISE in allowed and per_node > 1:
+            options.append(Option(t, TABLE_ROW_WISE, per_node))
+        if DATA_PARALLEL in allowed and k > 1:
+            options.append(Option(t, DATA_PARALLEL, k))
+    return options
+
+
+def _row_ranges(rows: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
+    """TorchRec's row cut (instances.sharding.row_cuts), vectorised."""
+    block = -(-rows // parts)
+    starts = np.minimum(block * np.arange(parts, dtype=np.int64), rows)
+    return starts, np.minimum(starts + block, rows)
+
+
+@dataclass(frozen=True, eq=False)
+class OptionPieces:
+    """The pieces of many options side by side: `option[p]` is the index of piece p's option, `pin[p]`
+    its device (pinned pieces), local rank in the node (node pieces) or -1 (free pieces); option o's
+    pieces are first[o] .. first[o] + options[o].parts - 1."""
+
+    options: tuple[Option, ...]
+    pieces: Pieces
+    option: np.ndarray
+    pin: np.ndarray
+    first: np.ndarray
+
+    @classmethod
+    def build(cls, instance: Instance, options: list[Option]) -> "OptionPieces":
+        columns: list[list[np.ndarray]] = [[] for _ in range(8)]
+        for o, option in enumerate(options):
+            table = instance.tables[option.table]
+            n = option.parts
+            rows, dim = table.rows, table.dim
+            full_rows = (np.zeros(n, dtype=np.int64), np.full(n, rows, dtype=np.int64))
+            full_cols = (np.zeros(n, dtype=np.int64), np.full(n, dim, dtype=np.int64))
+            if option.sharding_type == COLUMN_WISE:
+                width = dim // n
+                starts = width * np.arange(n, dtype=np.int64)
+                row_range, col_range, pin = full_rows, (starts, starts + width), np.full(n, -1)
+            elif option.sharding_type in (ROW_WISE, TABLE_ROW_WISE):
+                row_range, col_range, pin = _row_ranges(rows, n), full_cols, np.arange(n)
+            else:
+                pin = np.arange(n) if option.sharding_type == DATA_PARALLEL else np.full(n, -1)
+                row_range, col_range = full_rows, full_cols
+            for column, values in zip(columns, (np.full(n, option.table), np.full(n, KIND_CODE[option.sharding_type]),
+                                                *row_range, *col_range, np.full(n, o), pin)):
+                column.append(np.asarray(values, dtype=np.int64))
+        arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in columns]
+        counts = np.array([o.parts for o in options], dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]]) if options else np.zeros(0, dtype=np.int64)
+        return cls(tuple(options), Pieces.of(*arrays[:6]), arrays[6], arrays[7], first)
+
+    def members(self, o: int) -> np.ndarray:
+        return np.arange(self.first[o], self.first[o] + self.options[o].parts)
+
+    def devices(self, o: int, free_devices=None, node: int | None = None, per_node: int = 1) -> np.ndarray:
+        """The devices of option o's pieces, given the free pieces' devices or the node."""
+        option = self.options[o]
+        if option.placement == FREE:
+            return np.asarray(free_devices, dtype=np.int64)
+        pins = self.pin[self.members(o)]
+        return pins if option.placement == PINNED else node * per_node + pins
+
+
+def plan_from_choice(instance: Instance, options: OptionPieces, chosen: list[int], devices: np.ndarray) -> Plan:
+    """The plan that gives table t its option chosen[t], piece p of it on devices[p]."""
+    tables = []
+    pieces = options.pieces
+    for t, o in enumerate(chosen):
+        option = options.options[o]
+        if option.table != t:
+            raise ValueError(f"option {o} belongs to table {option.table}, not {t}")
+        shards = tuple(Shard(int(devices[p]), (int(pieces.row_start[p]), int(pieces.row_end[p])),
+                             (int(pieces.col_start[p]), int(pieces.col_end[p])))
+                       for p in options.members(o))
+        tables.append(TableSharding(option.sharding_type, shards))
+    return Plan(instance.id, tuple(tables))

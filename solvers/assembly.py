@@ -1,0 +1,208 @@
+"""A sharded plan under construction or change, over the priced candidates: an option per table, a device
+per piece of the chosen options, free memory per device, and the oracle's incremental device state. On
+it, the split-aware greedy skeleton: fit an option's pieces where they cost least (free pieces one by
+one on the device with room whose cost after adding is lowest; a node option on the node whose busiest
+device ends lowest; pinned pieces where they are pinned), and construct a plan table by table."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .candidates import Candidates
+
+RELATIVE_STEP = 1e-12  # an improvement must beat the current cost by more than float noise
+
+
+@dataclass(frozen=True)
+class Trial:
+    """Option `option` fitted: its pieces' devices, and every device's cost with it in place."""
+
+    option: int
+    devices: np.ndarray
+    costs: np.ndarray
+
+    @property
+    def peak(self) -> float:
+        return float(self.costs.max())
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """Why an option found no room: its piece `piece` needs `need` bytes, and the devices it may take (any
+    for a free piece, its own for a pinned one, its rank's on the nodes tried for a node option) had at
+    most `most_free`."""
+
+    piece: int
+    need: int
+    most_free: int
+
+
+class Assembly:
+    def __init__(self, candidates: Candidates):
+        self.c = candidates
+        instance = candidates.instance
+        self.k = instance.num_devices
+        self.per_node = instance.topology.devices_per_node
+        self.state = candidates.priced.new_state()
+        self.memory = np.asarray(candidates.memory, dtype=np.int64)
+        self.free = np.full(self.k, instance.topology.memory_bytes, dtype=np.int64)
+        self.chosen = np.full(instance.num_tables, -1, dtype=np.int64)
+        self.device = np.full(len(candidates.options.pieces), -1, dtype=np.int64)
+
+    # ------------------------------------------------------------ reading
+
+    def costs(self) -> np.ndarray:
+        return self.state.costs()
+
+    def objective(self) -> float:
+        return float(self.costs().max())
+
+    def placed(self) -> np.ndarray:
+        """The pieces of the chosen options."""
+        return np.flatnonzero(self.device >= 0)
+
+    def on(self, device: int) -> np.ndarray:
+        return np.flatnonzero(self.device == device)
+
+    def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.chosen.copy(), self.device.copy()
+
+    def plan(self):
+        return self.c.plan([int(o) for o in self.chosen], self.device)
+
+    # ------------------------------------------------------------ changing
+
+    def put(self, option: int, devices: np.ndarray) -> None:
+        members = self.c.members(option)
+        self.state.add_many(members, devices)
+        np.subtract.at(self.free, devices, self.memory[members])
+        self.device[members] = devices
+        self.chosen[self.c.options.options[option].table] = option
+
+    def take(self, table: int) -> tuple[int, np.ndarray]:
+        """Removes the table's option; returns it with its devices, so that it can be put back."""
+        option = int(self.chosen[table])
+        members = self.c.members(option)
+        devices = self.device[members].copy()
+        self.state.remove_many(members, devices)
+        np.add.at(self.free, devices, self.memory[members])
+        self.device[members] = -1
+        self.chosen[table] = -1
+        return option, devices
+
+    def move(self, piece: int, device: int) -> None:
+        source = int(self.device[piece])
+        self.state.remove(piece, source)
+        self.free[source] += self.memory[piece]
+        self.state.add(piece, device)
+        self.free[device] -= self.memory[piece]
+        self.device[piece] = device
+
+    def load(self, chosen: np.ndarray, device: np.ndarray) -> None:
+        """Rebuilds the state for a snapshot."""
+        self.__init__(self.c)
+        for option in chosen:
+            if option >= 0:
+                self.put(int(option), device[self.c.members(int(option))])
+
+    # ------------------------------------------------------------ fitting an option
+
+    def fit(self, option: int) -> Trial | Stuck:
+        """Devices for the option's pieces given what is placed now (nothing changes)."""
+        members = self.c.members(option)
+        need = self.memory[members]
+        placement = self.c.placement(option)
+        if placement == "pinned":
+            devices = self.c.devices(option)
+            short = np.flatnonzero(self.free[devices] < need)
+            if short.size:
+                p = int(short[0])
+                return Stuck(int(members[p]), int(need[p]), int(self.free[devices[p]]))
+            return Trial(option, devices, self.state.costs_with(members, devices))
+        if placement == "node":
+            best, stuck = None, None
+            for node in range(self.k // self.per_node):
+                devices = self.c.devices(option, node=node)
+                short = np.flatnonzero(self.free[devices] < need)
+                if short.size:
+                    p = int(short[0])
+                    stuck = stuck or Stuck(int(members[p]), int(need[p]), int(self.free[devices[p]]))
+                    continue
+                trial = Trial(option, devices, self.state.costs_with(members, devices))
+                if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
+                    best = trial
+            return best if best is not None else stuck
+        devices = np.empty(members.size, dtype=np.int64)
+        free = self.free.copy()
+        for i, piece in enumerate(members):
+            room = np.flatnonzero(free >= need[i])
+            if room.size == 0:
+                self.state.remove_many(members[:i], devices[:i])
+                return Stuck(int(piece), int(need[i]), int(free.max()))
+            after = self.state.costs_if_added(int(piece), room)
+            devices[i] = room[int(np.argmin(after))]
+            self.state.add(int(piece), int(devices[i]))
+            free[devices[i]] -= need[i]
+        costs = self.state.costs()
+        self.state.remove_many(members, devices)
+        return Trial(option, devices, costs)
+
+
+SPARE_MEMORY_SHARE = 0.5  # of the memory left once every table takes its leanest option, what replicas and other
+                          # memory-hungry options may use (the rest is slack for packing)
+
+
+def choose_options(candidates: Candidates, level: float, weight: np.ndarray) -> np.ndarray:
+    """Per table, the lightest option (by `weight`, then memory) whose largest piece stays at or below
+    `level`, failing that the option with the smallest largest piece; then, while the choices need more
+    extra memory (over every table's leanest such option) than SPARE_MEMORY_SHARE of the memory left, the
+    table whose choice saves the least work per extra byte takes its leanest option."""
+    biggest = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
+    memory = candidates.total_memory
+    chosen = np.empty(len(candidates.by_table), dtype=np.int64)
+    leanest = np.empty_like(chosen)
+    for table, ids in enumerate(candidates.by_table):
+        small = [int(o) for o in ids if biggest[o] <= level * (1 + RELATIVE_STEP)]
+        pool = small or [min((int(o) for o in ids), key=lambda o: (biggest[o], weight[o]))]
+        chosen[table] = min(pool, key=lambda o: (weight[o], memory[o]))
+        leanest[table] = min(pool, key=lambda o: (memory[o], weight[o]))
+    spare = candidates.num_devices * candidates.instance.topology.memory_bytes - float(memory[leanest].sum())
+    extra = (memory[chosen] - memory[leanest]).astype(float)
+    used = float(extra.sum())
+    if used > SPARE_MEMORY_SHARE * spare:
+        saving = weight[leanest] - weight[chosen]
+        for table in np.argsort(saving / np.maximum(extra, 1.0), kind="stable"):
+            if used <= SPARE_MEMORY_SHARE * spare:
+                break
+            if extra[table] > 0:
+                used -= extra[table]
+                chosen[table] = leanest[table]
+    return chosen
+
+
+def piece_peaks(candidates: Candidates) -> np.ndarray:
+    """Per option, its largest piece's cost alone on a device (for oracles without per-piece costs)."""
+    return np.maximum.reduceat(candidates.single_costs, candidates.options.first)
+
+
+def construct(candidates: Candidates, order: np.ndarray, chosen: np.ndarray, weight: np.ndarray) -> Assembly | Stuck:
+    """Places the chosen option of every table: pinned options first (they have no choice), then the rest
+    in `order`, each fitted where its pieces cost least. An option that finds no room gives way to the
+    table's other options, lightest first. With one option per table this is the greedy skeleton of
+    `solvers.greedy`."""
+    assembly = Assembly(candidates)
+    pinned = [t for t in order if candidates.placement(int(chosen[t])) == "pinned"]
+    for table in pinned + [t for t in order if candidates.placement(int(chosen[t])) != "pinned"]:
+        first = int(chosen[table])
+        others = sorted((int(o) for o in candidates.by_table[table] if o != first), key=lambda o: weight[o])
+        stuck = None
+        for option in [first, *others]:
+            result = assembly.fit(option)
+            if isinstance(result, Trial):
+                assembly.put(option, result.devices)
+                break
+            stuck = stuck or result
+        else:
+            return stuck
+    return assembly

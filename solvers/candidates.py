@@ -1,0 +1,213 @@
+"""The problem a solver is given — an instance and an oracle — and, built once on first use, the priced
+sharding options that split-aware solvers and the bounds share: every option's pieces bound to the oracle,
+options that cannot fit memory dropped, and (for additive oracles) options dominated by another option of
+the same table pruned.
+
+An option b is dominated by an option a of the same table when for every placement of b there is a
+placement of a that puts no more cost and no more memory on any device (memory is ignored when the whole
+instance fits one device, so that it can never bind). The checks used, each sufficient:
+- a table-wise (one free piece of cost x): some device where b puts at least x (and at least a's memory);
+- a column-wise (c free pieces of cost x): c such devices, or b column-wise with ≥ c pieces of cost ≥ x;
+- a pinned (row-wise, data-parallel): b pinned with at least a's cost and memory on every device;
+- a table-row-wise: b pinned with at least a's costs on every device of some node.
+Ties keep the option enumerated first. Pruning never removes the last option of a table, so an optimum
+over the pruned set is an optimum over all options."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from costmodels import Oracle, Priced
+from instances import Instance, Plan
+from instances.options import (
+    FREE,
+    NODE,
+    PINNED,
+    OptionPieces,
+    enumerate_options,
+    plan_from_choice,
+)
+from instances.sharding import COLUMN_WISE, TABLE_WISE
+
+
+@dataclass(eq=False)
+class Problem:
+    """An instance and the oracle that prices it; `candidates` and `table_wise` are built on first use
+    and shared by whoever asks (the solver, the bounds, run_solver)."""
+
+    instance: Instance
+    oracle: Oracle
+
+    @cached_property
+    def candidates(self) -> "Candidates":
+        return Candidates.build(self.instance, self.oracle)
+
+    @cached_property
+    def table_wise(self) -> Priced:
+        return self.oracle.table_wise(self.instance)
+
+    @property
+    def splits(self) -> bool:
+        """Whether any table may take another option than table-wise."""
+        return any(set(self.instance.allowed_types(t)) - {TABLE_WISE} for t in self.instance.tables)
+
+    @cached_property
+    def whole_tables(self) -> "Problem":
+        """The same problem with every table whole (what solvers that do not split are given)."""
+        if not self.splits:
+            return self
+        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle)
+
+
+@dataclass(eq=False)
+class Candidates:
+    instance: Instance
+    options: OptionPieces
+    priced: Priced
+    live: np.ndarray                    # per option
+    pruned: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, instance: Instance, oracle: Oracle) -> "Candidates":
+        options = OptionPieces.build(instance, enumerate_options(instance))
+        priced = oracle.bind(instance, options.pieces)
+        candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool))
+        candidates._drop_unfit()
+        if priced.additive:
+            candidates._prune_dominated()
+        return candidates
+
+    # ------------------------------------------------------------ structure
+
+    @property
+    def num_devices(self) -> int:
+        return self.instance.num_devices
+
+    @cached_property
+    def by_table(self) -> list[np.ndarray]:
+        """Live option ids of each table, in enumeration order."""
+        table_of = np.array([o.table for o in self.options.options], dtype=np.int64)
+        live = np.flatnonzero(self.live)
+        return [live[table_of[live] == t] for t in range(self.instance.num_tables)]
+
+    def members(self, o: int) -> np.ndarray:
+        return self.options.members(o)
+
+    def placement(self, o: int) -> str:
+        return self.options.options[o].placement
+
+    def devices(self, o: int, free_devices=None, node: int | None = None) -> np.ndarray:
+        return self.options.devices(o, free_devices, node, self.instance.topology.devices_per_node)
+
+    def plan(self, chosen: list[int], devices: np.ndarray) -> Plan:
+        return plan_from_choice(self.instance, self.options, chosen, devices)
+
+    @cached_property
+    def memory(self) -> np.ndarray:
+        return self.priced.memory
+
+    @cached_property
+    def single_costs(self) -> np.ndarray:
+        """Each piece's cost alone on a device."""
+        return self.priced.single_costs()
+
+    # ------------------------------------------------------------ per option, additive oracles
+
+    @cached_property
+    def work(self) -> np.ndarray:
+        """Total cost of each option's pieces."""
+        return np.add.reduceat(self.priced.costs, self.options.first) if len(self.options.first) else np.zeros(0)
+
+    @cached_property
+    def biggest(self) -> np.ndarray:
+        """The most cost any one device gets from the option (its largest piece)."""
+        return np.maximum.reduceat(self.priced.costs, self.options.first) if len(self.options.first) else np.zeros(0)
+
+    @cached_property
+    def total_memory(self) -> np.ndarray:
+        return np.add.reduceat(self.memory, self.options.first) if len(self.options.first) else np.zeros(0, np.int64)
+
+    def device_profile(self, o: int, values: np.ndarray) -> np.ndarray:
+        """Per device, what pinned option o puts there (cost or memory)."""
+        profile = np.zeros(self.num_devices, dtype=values.dtype)
+        np.add.at(profile, self.options.pin[self.members(o)], values[self.members(o)])
+        return profile
+
+    # ------------------------------------------------------------ pruning
+
+    def _drop_unfit(self) -> None:
+        """An option with a piece larger than a device's memory can never be placed."""
+        capacity = self.instance.topology.memory_bytes
+        if not len(self.options.first):
+            return
+        too_big = np.maximum.reduceat(self.memory, self.options.first) > capacity
+        self.live &= ~too_big
+        self.pruned["larger than a device"] = int(too_big.sum())
+
+    def _prune_dominated(self) -> None:
+        memory_matters = sum(self.instance.table_memory()) > self.instance.topology.memory_bytes
+        costs, memory = self.priced.costs, self.memory
+        count = 0
+        for t in range(self.instance.num_tables):
+            ids = [o for o in np.flatnonzero(self.live) if self.options.options[o].table == t]
+            if len(ids) < 2:
+                continue
+            shapes = {o: self._shape(o, costs, memory) for o in ids}
+            for b in ids:
+                for a in ids:
+                    if a == b or not self.live[a]:
+                        continue
+                    if _dominates(shapes[a], shapes[b], memory_matters, self.instance.topology.devices_per_node) and \
+                            (a < b or not _dominates(shapes[b], shapes[a], memory_matters,
+                                                     self.instance.topology.devices_per_node)):
+                        self.live[b] = False
+                        count += 1
+                        break
+        self.pruned["dominated"] = count
+        self.__dict__.pop("by_table", None)
+
+    def _shape(self, o: int, costs: np.ndarray, memory: np.ndarray) -> "_Shape":
+        members = self.members(o)
+        option = self.options.options[o]
+        if option.placement == FREE:
+            return _Shape(option.sharding_type, FREE, costs[members], memory[members])
+        if option.placement == NODE:
+            return _Shape(option.sharding_type, NODE, costs[members], memory[members])
+        return _Shape(option.sharding_type, PINNED, self.device_profile(o, costs), self.device_profile(o, memory))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What an option puts on devices: free pieces (their costs), or costs per device (pinned) or per
+    local rank (node)."""
+
+    kind: str
+    placement: str
+    cost: np.ndarray
+    memory: np.ndarray
+
+
+def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> bool:
+    """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'."""
+    def fits(cost, mem, b_cost, b_mem) -> np.ndarray:
+        ok = cost <= b_cost
+        return ok & (mem <= b_mem) if memory_matters else ok
+
+    if a.placement == FREE:
+        x, m, pieces = a.cost.max(), a.memory.max(), a.cost.size
+        if b.placement == FREE:
+            if a.kind == TABLE_WISE or b.kind == COLUMN_WISE:
+                return b.cost.size >= pieces and x <= b.cost.min() and (not memory_matters or m <= b.memory.min())
+            return False
+        # b pinned or node-pinned: a's pieces go where b puts at least as much (for a node option, on the
+        # local ranks of whichever node b picks).
+        return int(fits(x, m, b.cost, b.memory).sum()) >= pieces
+    if a.placement == PINNED:
+        return b.placement == PINNED and bool(np.all(fits(a.cost, a.memory, b.cost, b.memory)))
+    if b.placement != PINNED:
+        return False
+    nodes = b.cost.size // per_node
+    return any(bool(np.all(fits(a.cost, a.memory, b.cost[n * per_node:(n + 1) * per_node],
+                                b.memory[n * per_node:(n + 1) * per_node]))) for n in range(nodes))
