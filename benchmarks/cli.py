@@ -65,6 +65,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                    "num_devices": tasks[0].num_devices, "memory_capacity_bytes": tasks[0].topology.memory_bytes
                    if spec.memory.tightness is None else None, "tightness": spec.memory.tightness,
                    "unseen_ratio": spec.unseen_ratio if spec.protocol == "unseen" else None,
+                   "nodes": spec.nodes, "sharding_types": list(spec.sharding_types),
+                   "batch_size": spec.workload.batch_size,
                    "pool": str(args.pool) if args.pool else "dlrm_t856 (embedded)"}
     folder = save_instance_set(tasks, args.out, description)
     print(f"wrote {len(tasks)} instances to {folder}")

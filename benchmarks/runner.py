@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import resource
 import signal
 import sys
 import time
@@ -119,6 +120,7 @@ def execute_cell(cell: Cell) -> dict:
                       memory_per_device=memory, peak_memory=max(memory),
                       memory_capacity=instance.topology.memory_bytes, types_used=result.plan.sharding_types(),
                       plan=compact(result.plan, instance))
+    record["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the cell's process
     return record
 
 

@@ -9,7 +9,13 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterable
 
-from .model import Instance, InstanceError, PlanError, instance_from_dict, instance_to_dict
+from .model import (
+    Instance,
+    InstanceError,
+    PlanError,
+    instance_from_dict,
+    instance_to_dict,
+)
 from .sharding import Plan, plan_from_dict, plan_to_dict
 
 MANIFEST = "manifest.json"

@@ -66,7 +66,7 @@ class Pieces:
         """The share of the table's lookups that hit each piece's rows: from the table's row distribution
         (rows indexed in descending access frequency) where it has one, in proportion to rows otherwise."""
         tables = instance.tables
-        total_rows = np.array([tables[t].rows for t in self.table], dtype=float)
+        total_rows = np.array([t.rows for t in tables], dtype=float)[self.table]
         share = self.rows / total_rows
         for t in np.unique(self.table):
             if tables[t].row_distribution is None:

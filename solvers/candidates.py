@@ -150,8 +150,8 @@ class Candidates:
         memory_matters = sum(self.instance.table_memory()) > self.instance.topology.memory_bytes
         costs, memory = self.priced.costs, self.memory
         count = 0
-        for t in range(self.instance.num_tables):
-            ids = [o for o in np.flatnonzero(self.live) if self.options.options[o].table == t]
+        for ids in self.by_table:
+            ids = [int(o) for o in ids]
             if len(ids) < 2:
                 continue
             shapes = {o: self._shape(o, costs, memory) for o in ids}
@@ -208,6 +208,5 @@ def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> boo
         return b.placement == PINNED and bool(np.all(fits(a.cost, a.memory, b.cost, b.memory)))
     if b.placement != PINNED:
         return False
-    nodes = b.cost.size // per_node
-    return any(bool(np.all(fits(a.cost, a.memory, b.cost[n * per_node:(n + 1) * per_node],
-                                b.memory[n * per_node:(n + 1) * per_node]))) for n in range(nodes))
+    by_node = fits(a.cost, a.memory, b.cost.reshape(-1, per_node), b.memory.reshape(-1, per_node))
+    return bool(by_node.all(axis=1).any())

@@ -6,18 +6,44 @@ import json
 
 import numpy as np
 import pytest
-from conftest import examples, make_instance, make_table
+from conftest import examples, make_table
 from hypothesis import given
 from hypothesis import strategies as st
 
 from benchmarks.cli import main
 from costmodels import get_oracle
-from instances import SHARDING_TYPES, Instance, Plan, PlanError, Shard, TableSharding, Topology, Workload, save_instance
+from instances import (
+    SHARDING_TYPES,
+    Instance,
+    Plan,
+    PlanError,
+    Shard,
+    TableSharding,
+    Topology,
+    Workload,
+    save_instance,
+)
 from instances.options import OptionPieces, enumerate_options, plan_from_choice
 from instances.pieces import Pieces
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
-from instances.sharding import column_counts, compact, expand, plan_from_dict, plan_to_dict, row_cuts
-from solvers import Budget, Candidates, Problem, Status, get_solver, lp_bound, option_bounds, run_solver, solver_names
+from instances.sharding import (
+    column_counts,
+    compact,
+    expand,
+    plan_from_dict,
+    plan_to_dict,
+    row_cuts,
+)
+from solvers import (
+    Budget,
+    Candidates,
+    Status,
+    get_solver,
+    lp_bound,
+    option_bounds,
+    run_solver,
+    solver_names,
+)
 
 SPLITTING = [n for n in solver_names() if get_solver(n).splits]
 ALL_PLACEMENT = [n for n in solver_names() if not n.endswith("-rl") and not n.endswith("-rl+ls")]
