@@ -1,1 +1,3 @@
-"""Benchmarks: metrics, suites, the runner, the results store, leaderboards and the `shardbench` CLI."""
+"""Benchmarks: suites, the runner, the results store, analysis, leaderboards, reports and the command
+line. Importing it plugs the interop adapters (TorchRec's oracle and planner) into the registries."""
+import interop  # noqa: F401  (registration happens on import)

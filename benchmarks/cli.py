@@ -3,6 +3,7 @@ solvers and oracles. Errors print one line naming the problem and exit non-zero,
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 from pathlib import Path
@@ -17,12 +18,13 @@ from instances import (
     load_instance,
     load_instances,
     load_plan,
+    save_instance,
     save_instance_set,
     save_plan,
 )
 from instances.dlrm_loader import load_raw_tables
 from instances.io import check_output_path, write_json_atomic, write_text_atomic
-from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Workload
+from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
     Budget,
@@ -58,7 +60,8 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                     num_devices=devices, count=args.count, unseen_ratio=args.unseen_ratio,
                     memory=MemorySpec(args.capacity_bytes, args.tightness), dtype=args.dtype,
                     workload=Workload(batch_size=args.batch_size, optimizer=args.optimizer, dtype=args.dtype),
-                    nodes=args.nodes, sharding_types=args.sharding_types)
+                    nodes=args.nodes, sharding_types=args.sharding_types, intra_node_bw=args.intra_node_bw,
+                    inter_node_bw=args.inter_node_bw)
     pool = load_raw_pool(args.pool) if args.pool else None
     tasks = sample_tasks(spec, pool)
     description = {"protocol": spec.protocol, "split": spec.split, "seed": spec.seed, "num_tables": spec.num_tables,
@@ -91,6 +94,61 @@ def _cmd_import_raw(args: argparse.Namespace) -> int:
     write_json_atomic(args.out, records)
     print(f"wrote pool of {len(records)} tables to {args.out}")
     return 0
+
+
+def _cmd_import_torchrec(args: argparse.Namespace) -> int:
+    import tomllib
+
+    from instances.io import read_text
+    from interop.torchrec import instance_from_spec
+
+    check_output_path(args.out, "--out")
+    text = read_text(args.spec, "spec")
+    try:
+        spec = tomllib.loads(text) if str(args.spec).endswith(".toml") else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+        raise InstanceError(args.spec, f"not valid {'TOML' if str(args.spec).endswith('.toml') else 'JSON'} ({exc})") from exc
+    instance = instance_from_spec(spec)
+    save_instance(instance, args.out)
+    print(f"wrote {instance.id}: {instance.num_tables} tables on {instance.topology.nodes} node(s) × "
+          f"{instance.topology.devices_per_node} devices to {args.out}")
+    return 0
+
+
+def _cmd_export_torchrec(args: argparse.Namespace) -> int:
+    from interop.torchrec import readable, to_torchrec
+
+    check_output_path(args.output, "-o")
+    sidecar = args.json or str(Path(args.output).with_suffix(".sharding.json"))
+    check_output_path(sidecar, "--json")
+    if len({Path(p).resolve() for p in (args.plan, args.output, sidecar)}) < 3:
+        raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
+    instance = load_instance(args.instance)
+    plan = load_plan(args.plan, instance)
+    sharding_plan = to_torchrec(instance, plan, device_type=args.device_type)
+    save_torch_atomic(sharding_plan, args.output)
+    write_json_atomic(sidecar, readable(sharding_plan))
+    print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
+          f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
+    return 0
+
+
+def save_torch_atomic(obj, path: str) -> None:
+    import os
+    import tempfile
+
+    import torch
+
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -350,6 +408,11 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--devices-per-node", type=POSITIVE, help="devices per node (then devices = nodes × this)")
     sample.add_argument("--sharding-types", type=sharding_types, default=SHARDING_TYPES,
                         help="allowed sharding types, comma-separated, or 'all' (default)")
+    bandwidth = number(float, 1.0, 1e18, what="bytes per second")
+    sample.add_argument("--intra-node-bw", type=bandwidth, default=Topology.intra_node_a2a_bw,
+                        help="all-to-all bandwidth inside a node, bytes/s")
+    sample.add_argument("--inter-node-bw", type=bandwidth, default=Topology.inter_node_a2a_bw,
+                        help="all-to-all bandwidth between nodes, bytes/s")
     sample.add_argument("--split", choices=SPLITS, default="test")
     sample.add_argument("--count", type=POSITIVE, help="keep only the first COUNT tasks of the split")
     sample.add_argument("--seed", type=SEED, default=0)
@@ -369,6 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
     raw.add_argument("file")
     raw.add_argument("--out", required=True)
     raw.set_defaults(func=_cmd_import_raw)
+    torchrec = inst.add_parser("import-torchrec", help="an instance from a TorchRec model spec (JSON or TOML in "
+                               "TorchRec's field names)")
+    torchrec.add_argument("spec")
+    torchrec.add_argument("--out", required=True)
+    torchrec.set_defaults(func=_cmd_import_torchrec)
     validate = inst.add_parser("validate", help="check instance files or set folders")
     validate.add_argument("paths", nargs="+")
     validate.set_defaults(func=_cmd_validate)
@@ -393,6 +461,15 @@ def build_parser() -> argparse.ArgumentParser:
     show_plan.add_argument("--oracle", default="analytic")
     show_plan.add_argument("--brief", action="store_true", help="leave out the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
+
+    export = sub.add_parser("export-torchrec", help="a plan as the ShardingPlan TorchRec runs (torch.save) plus a "
+                            "readable JSON")
+    export.add_argument("plan")
+    export.add_argument("--instance", required=True)
+    export.add_argument("-o", "--output", required=True, help="the ShardingPlan, torch.save'd (e.g. plan.pt)")
+    export.add_argument("--json", help="the readable per-table ParameterSharding (default: OUTPUT with .sharding.json)")
+    export.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda", help="placements' device type")
+    export.set_defaults(func=_cmd_export_torchrec)
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
     bench.add_argument("suite")

@@ -49,6 +49,13 @@ def _plan_doc() -> dict:
     return plan_to_dict(plan, instance)
 
 
+def _torchrec_spec() -> dict:
+    return {"tables": [{"name": "u", "num_embeddings": 100, "embedding_dim": 16, "data_type": "fp16",
+                        "pooling_factors": [2.0], "sharding_types": ["table_wise", "row_wise"]},
+                       {"name": "v", "num_embeddings": 40, "embedding_dim": 8, "pooling_factors": [1.0]}],
+            "world_size": 2, "hbm_cap": 2**30, "batch_size": 64}
+
+
 def _suite_doc() -> dict:
     return {"name": "fuzz", "instances": "set", "results": "out/fuzz.jsonl", "solvers": ["lpt"],
             "oracles": ["lookup"], "time_limits": [1.0], "seeds": [0], "random_seeds": [0], "workers": 1}
@@ -123,6 +130,9 @@ KINDS = {
     "instance": Kind("instance", lambda: instance_to_dict(base_instance()), _json, INSTANCE_KEYS, True),
     "plan": Kind("plan", _plan_doc, _json, frozenset({"schema_version", "instance_id", "tables", "name",
                                                      "sharding_type", "shards", "device", "rows", "cols"}), True),
+    "torchrec spec": Kind("torchrec spec", _torchrec_spec, _json, frozenset({"tables", "world_size", "hbm_cap",
+                                                                             "batch_size", "name", "num_embeddings",
+                                                                             "embedding_dim"}), True),
     "manifest": Kind("manifest", lambda: {"protocol": "fuzz", "instances": ["fuzz.json"]}, _json,
                      frozenset({"instances"}), False),
     "suite": Kind("suite", _suite_doc, toml_text, frozenset({"name", "instances", "results", "solvers", "oracles"}), True),
@@ -333,6 +343,10 @@ def _plan_file(work: Path) -> Path:
     return work / "plan.json"
 
 
+def _spec_file(work: Path) -> Path:
+    return work / "spec.json"
+
+
 def _set_with_manifest(work: Path) -> Path:
     (work / "set").mkdir()
     (work / "set" / "fuzz.json").write_text(_json(instance_to_dict(base_instance())))
@@ -360,6 +374,10 @@ TARGETS = (
     Target("buckets", "instance", lambda f, o: ["buckets", str(f), "--trainers", "4", "-o", str(o)], _instance_file),
     Target("show-plan", "plan", lambda f, o: ["show-plan", str(f), "--instance", str(f.parent / "instance.json")],
            _plan_file),
+    Target("export-torchrec", "plan", lambda f, o: ["export-torchrec", str(f), "--instance",
+                                                    str(f.parent / "instance.json"), "-o", str(o)], _plan_file),
+    Target("instances import-torchrec", "torchrec spec", lambda f, o: ["instances", "import-torchrec", str(f),
+                                                                       "--out", str(o)], _spec_file),
     Target("instances validate (set)", "manifest", lambda f, o: ["instances", "validate", str(f.parent)],
            _set_with_manifest),
     Target("instances sample --pool", "pool", lambda f, o: ["instances", "sample", "--pool", str(f), "--tables", "2",

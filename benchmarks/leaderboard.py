@@ -34,6 +34,7 @@ class Row:
     infeasible: int
     no_plan: int
     errors: int
+    timeouts: int
     objective: tuple[float, float]
     balance: tuple[float, float]
     speedup: tuple[float, float]
@@ -75,6 +76,7 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
             infeasible=sum(r["status"] == "infeasible" for r in group),
             no_plan=sum(r["status"] == "no_plan" for r in group),
             errors=sum(r["status"] == "error" for r in group),
+            timeouts=sum(r["status"] == "timeout" for r in group),
             objective=_mean_std([r["objective"] for r in planned]),
             balance=_mean_std([r["balance"] for r in planned]),
             speedup=_mean_std(speedups), speedup_cells=len(speedups),
@@ -112,6 +114,7 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
     lines = [f"#### {title}", ""]
     settings = {setting_of(rec) for rec in records}
     versus = len(settings) > 1
+    timed = any(rec["status"] == "timeout" for rec in records)
     for (oracle, limit) in dict.fromkeys((r.oracle, r.time_limit) for r in rows):
         part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
         instances = len({rec["instance"] for rec in records if judge_of(rec) == oracle and rec["time_limit"] == limit})
@@ -122,14 +125,16 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
                   + (" `[split]`: planned with the instance's sharding types (others: whole tables); the gap is "
                      "to the bound of the problem the row solved, `× best plan` is its max device cost over the "
                      "best plan of any row on the same instance." if versus else ""), "",
-                  "| solver | plans | optimal | infeasible | no plan | errors | max device cost | balance "
-                  "| speedup over random | gap to bound | ≤0.1 % gap |" + (" × best plan |" if versus else "")
-                  + " time (s) mean ± std | time median |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if versus else "")]
+                  "| solver | plans | optimal | infeasible | no plan | errors |" + (" timeouts |" if timed else "")
+                  + " max device cost | balance | speedup over random | gap to bound | ≤0.1 % gap |"
+                  + (" × best plan |" if versus else "") + " time (s) mean ± std | time median |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if versus else "")
+                  + ("---|" if timed else "")]
         for r in part:
             lines.append(
                 f"| {r.solver} | {r.with_plan}/{r.cells} | {r.optimal} | {r.infeasible} | {r.no_plan} | {r.errors} "
-                f"| {_fmt(r.objective, digits=4, general=True)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
+                + (f"| {r.timeouts} " if timed else "")
+                + f"| {_fmt(r.objective, digits=4, general=True)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
                 f"| {r.within_0_1pct}/{r.gap_cells} |" + (f" {_fmt(r.versus_best)} |" if versus else "")
                 + f" {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
         lines.append("")

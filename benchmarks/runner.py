@@ -49,6 +49,7 @@ class Cell:
     seed: int
     judge: str
     sharding: str = TABLE_WISE_SETTING
+    deadline: float | None = None  # wall-clock seconds before the cell is killed (default: kill_deadline)
 
     @property
     def key(self) -> tuple:
@@ -67,6 +68,10 @@ class Cell:
 def kill_deadline(time_limit: float) -> float:
     """Wall-clock a cell may take before it is killed: its budget plus room for start-up and checks."""
     return 1.5 * time_limit + 10.0
+
+
+def cell_deadline(cell: "Cell") -> float:
+    return cell.deadline if cell.deadline is not None else kill_deadline(cell.time_limit)
 
 
 def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
@@ -92,7 +97,8 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
                         continue
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
                     settings = suite.sharding if info.splits else (TABLE_WISE_SETTING,)
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting)
+                    deadline = None if info.budgeted else suite.peer_deadline
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting, deadline)
                                  for setting in settings for s in seeds)
     return cells
 
@@ -151,8 +157,8 @@ def _child(connection, cell: Cell, parent: int) -> None:
         connection.close()
 
 
-def _error_record(cell: Cell, message: str, elapsed: float) -> dict:
-    return {**cell.record_base(), "status": "error", "error": message, "solve_time": elapsed,
+def _error_record(cell: Cell, message: str, elapsed: float, status: str = "error") -> dict:
+    return {**cell.record_base(), "status": status, "error": message, "solve_time": elapsed,
             "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices}
 
 
@@ -170,7 +176,7 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
             sender.close()
             running[receiver] = (process, cell, time.monotonic())
         now = time.monotonic()
-        nearest = min(started + kill_deadline(c.time_limit) for _, c, started in running.values())
+        nearest = min(started + cell_deadline(c) for _, c, started in running.values())
         ready = wait(list(running), timeout=max(0.0, nearest - now))
         now = time.monotonic()
         for receiver in list(running):
@@ -183,10 +189,11 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
                 except EOFError:
                     process.join(1.0)
                     record = _error_record(cell, f"solver process died (exit code {process.exitcode})", now - started)
-            elif now - started > kill_deadline(cell.time_limit):
+            elif now - started > cell_deadline(cell):
                 _kill_group(process)
                 record = _error_record(cell, f"killed after {now - started:.1f} s: exceeded its "
-                                             f"{cell.time_limit:g} s budget by too much", now - started)
+                                             + (f"{cell.time_limit:g} s budget by too much" if cell.deadline is None
+                                                else f"deadline of {cell.deadline:g} s"), now - started, "timeout")
             if record is not None:
                 process.join(1.0)
                 _kill_group(process)  # anything the cell left running (a solver's helper program) goes too

@@ -12,7 +12,7 @@ from pathlib import Path
 
 KEY_FIELDS = ("instance", "solver", "oracle", "time_limit", "seed")
 REQUIRED_FIELDS = (*KEY_FIELDS, "status", "solve_time")
-STATUSES = ("optimal", "feasible", "infeasible", "no_plan", "error")
+STATUSES = ("optimal", "feasible", "infeasible", "no_plan", "error", "timeout")
 _NUMBER = (int, float)
 # Fields the leaderboard reads, with the types they must have where present (None is always allowed
 # for the optional ones).

@@ -35,6 +35,7 @@ class Suite:
     description: str = ""
     judge: str | None = None
     sharding: tuple[str, ...] = ("instance",)
+    peer_deadline: float = 900.0  # seconds a solver that ignores its budget may run before it is killed
 
     @property
     def leaderboard_path(self) -> Path:
@@ -46,7 +47,7 @@ class Suite:
 
 
 _KNOWN = {"name", "description", "instances", "solvers", "oracles", "time_limits", "seeds", "random_seeds",
-          "results", "workers", "judge", "sharding"}
+          "results", "workers", "judge", "sharding", "peer_deadline"}
 
 
 def _settings(data: dict, path: Path) -> tuple[str, ...]:
@@ -124,6 +125,10 @@ def load_suite(path: str | Path) -> Suite:
     instances = (base / data["instances"]).resolve()
     if not instances.exists():
         raise SuiteError(f"{path}: instances: {instances} does not exist")
+    peer_deadline = data.get("peer_deadline", 900.0)
+    if isinstance(peer_deadline, bool) or not isinstance(peer_deadline, (int, float)) or \
+            not (math.isfinite(peer_deadline) and 0 < peer_deadline <= MAX_TIME_LIMIT):
+        raise SuiteError(f"{path}: peer_deadline: must be a number of seconds in (0, {MAX_TIME_LIMIT:g}]")
     results = (base / data["results"]).resolve()
     if results.is_dir() or results.suffix != ".jsonl":
         raise SuiteError(f"{path}: results: must name a .jsonl file, got {data['results']!r}")
@@ -132,4 +137,5 @@ def load_suite(path: str | Path) -> Suite:
         time_limits=time_limits, seeds=_seeds(data, "seeds", path, [0]),
         random_seeds=_seeds(data, "random_seeds", path, list(range(10))),
         results=results, workers=workers, description=description, judge=judge, sharding=_settings(data, path),
+        peer_deadline=float(peer_deadline),
     )

@@ -46,6 +46,7 @@ class Oracle(ABC):
     unit: str = ""
     additive: bool = False
     has_breakdown: bool = False
+    own_memory: bool = False  # counts memory its own way: its plans must fit that too, not only the instance's
 
     def bind(self, instance: Instance, pieces: Pieces) -> "Priced":
         return RecomputingPriced(self, instance, pieces)
@@ -62,6 +63,11 @@ class Oracle(ABC):
 
     def plan_cost(self, instance: Instance, plan: Plan) -> float:
         return max(c.total for c in self.device_costs(instance, plan))
+
+    def memory_per_device(self, instance: Instance, plan: Plan) -> np.ndarray:
+        """Bytes per device under the oracle's storage model."""
+        pieces, devices = Pieces.of_plan(instance, plan)
+        return np.bincount(devices, weights=self.bind(instance, pieces).memory, minlength=instance.num_devices)
 
     # ------------------------------------------------------------ table-wise conveniences
 
@@ -85,13 +91,14 @@ class Oracle(ABC):
 
 
 class Priced(ABC):
-    """An oracle bound to an instance and a set of pieces."""
+    """An oracle bound to an instance and a set of pieces. `memory` is what each piece needs on its device
+    under the oracle's storage model (by default the instance's: weights plus optimizer state)."""
 
     additive = False
 
-    def __init__(self, instance: Instance, pieces: Pieces):
+    def __init__(self, instance: Instance, pieces: Pieces, memory: np.ndarray | None = None):
         self.instance, self.pieces = instance, pieces
-        self.memory = pieces.memory(instance)
+        self.memory = pieces.memory(instance) if memory is None else np.asarray(memory, dtype=np.int64)
 
     @property
     def num_devices(self) -> int:
@@ -122,8 +129,8 @@ class AdditivePriced(Priced):
     additive = True
 
     def __init__(self, instance: Instance, pieces: Pieces, breakdown: np.ndarray | None = None,
-                 costs: np.ndarray | None = None):
-        super().__init__(instance, pieces)
+                 costs: np.ndarray | None = None, memory: np.ndarray | None = None):
+        super().__init__(instance, pieces, memory)
         self.breakdown = breakdown
         self._costs = breakdown.sum(axis=1) if breakdown is not None else np.asarray(costs, dtype=float)
 

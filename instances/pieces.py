@@ -99,10 +99,11 @@ class Pieces:
         from dataclasses import replace
 
         share = self.lookup_share(instance)
+        rows, width = self.rows.tolist(), self.width.tolist()
         out = []
-        for p, t in enumerate(self.table):
+        for p, t in enumerate(self.table.tolist()):
             table = instance.tables[t]
-            out.append(replace(table, name=f"{table.name}#{p}", rows=max(1, int(self.rows[p])), dim=int(self.width[p]),
+            out.append(replace(table, name=f"{table.name}#{p}", rows=max(1, rows[p]), dim=width[p],
                                pooling_factor=table.pooling_factor * float(share[p]), row_distribution=None,
                                buckets=None, sharding_types=None))
         return out

@@ -65,6 +65,8 @@ class TaskSpec:
     workload: Workload = Workload()
     nodes: int = 1
     sharding_types: tuple[str, ...] = SHARDING_TYPES
+    intra_node_bw: float = Topology.intra_node_a2a_bw
+    inter_node_bw: float = Topology.inter_node_a2a_bw
 
     def validate(self, pool_size: int) -> None:
         if self.protocol not in PROTOCOLS:
@@ -111,7 +113,8 @@ def _make_instance(spec: TaskSpec, task_id: str, entries: list[PoolTable], dims:
     num_devices = _devices(spec)
     total = sum(table_memory_bytes(t, workload) for t in tables)
     topology = Topology(nodes=spec.nodes, devices_per_node=num_devices // spec.nodes,
-                        memory_bytes=spec.memory.capacity_for(total, num_devices))
+                        memory_bytes=spec.memory.capacity_for(total, num_devices), intra_node_a2a_bw=spec.intra_node_bw,
+                        inter_node_a2a_bw=spec.inter_node_bw)
     provenance = (f"dlrm_t856 pool, protocol={spec.protocol}, split={spec.split}, seed={spec.seed}, "
                   f"tables={spec.num_tables}, devices={num_devices}"
                   + (f" ({spec.nodes} nodes)" if spec.nodes > 1 else "")

@@ -111,7 +111,8 @@ SolveFn = Callable[[Problem, Budget, int], SolveResult]
 @dataclass(frozen=True)
 class SolverInfo:
     """`splits`: the solver chooses sharding options (splits tables) where the instance allows; the others
-    place whole tables and are benchmarked on table-wise."""
+    place whole tables and are benchmarked on table-wise. `budgeted`: the solver honours the time budget
+    (a peer that does not gets the suite's longer deadline before it is killed)."""
 
     name: str
     solve: SolveFn
@@ -121,6 +122,7 @@ class SolverInfo:
     needs_additive: bool = False
     stochastic: bool = False
     splits: bool = False
+    budgeted: bool = True
 
 
 class UnknownSolverError(KeyError):
@@ -190,6 +192,11 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     if result.plan is None:
         return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
     result.plan.validate(instance)
+    if oracle.own_memory:
+        used = oracle.memory_per_device(instance, result.plan)
+        if used.max() > instance.topology.memory_bytes:
+            raise PlanError(f"memory capacity {instance.topology.memory_bytes} B exceeded under {oracle.name}'s storage "
+                            f"model: device {int(used.argmax())} needs {int(used.max())} B")
     objective = oracle.plan_cost(instance, result.plan)
     if not math.isfinite(objective):
         raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")
@@ -230,9 +237,8 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
     capacity = instance.topology.memory_bytes
     cause = evidence.cause
     if cause == Cause.DEAD_END:  # the table's (or one of its pieces') need is more than any device had left
-        whole = instance.table_memory()[evidence.table]
-        ok = (evidence.need is not None and evidence.most_free is not None
-              and 0 <= evidence.most_free < evidence.need <= min(whole, capacity))
+        ok = (evidence.table is not None and 0 <= evidence.table < instance.num_tables and evidence.need is not None
+              and evidence.most_free is not None and 0 <= evidence.most_free < evidence.need <= capacity)
     elif cause == Cause.SAMPLING:
         ok = evidence.samples is not None and evidence.samples >= 1
     elif cause == Cause.OVERFLOW:
@@ -298,10 +304,11 @@ def _overflows_only(plan: Plan, instance: Instance) -> bool:
 
 
 class MemoryTracker:
-    """Free memory per device while a solver places tables one at a time."""
+    """Free memory per device while a solver places tables one at a time; `need` is each table's memory
+    (the oracle's storage model where it has one), by default the instance's."""
 
-    def __init__(self, instance: Instance):
-        self.need = np.array(instance.table_memory(), dtype=np.int64)
+    def __init__(self, instance: Instance, need: np.ndarray | None = None):
+        self.need = np.array(instance.table_memory() if need is None else need, dtype=np.int64)
         self.free = np.full(instance.num_devices, instance.topology.memory_bytes, dtype=np.int64)
 
     def fits(self, table: int) -> np.ndarray:

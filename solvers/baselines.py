@@ -17,9 +17,9 @@ from .base import (
 from .candidates import Problem
 
 
-def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResult:
+def random_assignment(instance: Instance, rng: np.random.Generator, need: np.ndarray | None = None) -> SolveResult:
     """Tables in random order, each on a device drawn uniformly among those with room."""
-    tracker = MemoryTracker(instance)
+    tracker = MemoryTracker(instance, need)
     assignment = np.full(instance.num_tables, -1, dtype=np.int64)
     for table in rng.permutation(instance.num_tables):
         feasible = np.flatnonzero(tracker.fits(table))
@@ -33,13 +33,13 @@ def random_assignment(instance: Instance, rng: np.random.Generator) -> SolveResu
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
 def random_placement(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return random_assignment(problem.instance, np.random.default_rng(seed))
+    return random_assignment(problem.instance, np.random.default_rng(seed), problem.table_wise.memory)
 
 
 @register("round-robin", "table i to the next device in cyclic order that has room")
 def round_robin(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     instance = problem.instance
-    tracker = MemoryTracker(instance)
+    tracker = MemoryTracker(instance, problem.table_wise.memory)
     k = instance.num_devices
     assignment, cursor = [], 0
     for table in range(instance.num_tables):

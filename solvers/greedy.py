@@ -22,8 +22,8 @@ from .base import (
 from .candidates import Problem
 
 
-def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> SolveResult:
-    tracker = MemoryTracker(instance)
+def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState, need: np.ndarray) -> SolveResult:
+    tracker = MemoryTracker(instance, need)
     assignment = np.full(instance.num_tables, -1, dtype=np.int64)
     for table in order:
         feasible = np.flatnonzero(tracker.fits(table))
@@ -37,14 +37,16 @@ def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState) -> 
     return planned(instance, assignment)
 
 
-def greedy_by_costs(instance: Instance, costs: np.ndarray) -> SolveResult:
+def greedy_by_costs(problem: Problem, costs: np.ndarray) -> SolveResult:
     """Balance a fixed per-table cost vector (longest-processing-time-first with memory)."""
-    return greedy_assign(instance, order_by_cost(costs), AdditiveDeviceState(costs, instance.num_devices))
+    instance = problem.instance
+    return greedy_assign(instance, order_by_cost(costs), AdditiveDeviceState(costs, instance.num_devices),
+                         problem.table_wise.memory)
 
 
 def _heuristic_greedy(kind: str):
     def solve(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-        return greedy_by_costs(problem.instance, heuristic_costs(problem.instance, kind))
+        return greedy_by_costs(problem, heuristic_costs(problem.instance, kind))
     return solve
 
 
@@ -54,14 +56,14 @@ for _kind, (_, _meaning) in HEURISTIC_COSTS.items():
 
 @register("lpt", "greedy (LPT) on the given oracle's per-table costs", needs_additive=True)
 def lpt(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return greedy_by_costs(problem.instance, problem.table_wise.costs)
+    return greedy_by_costs(problem, problem.table_wise.costs)
 
 
 @register("oracle-greedy", "greedy placing each table where the oracle's device cost after adding it is lowest "
           "(AutoShard's greedy with the cost model); works on non-additive oracles")
 def oracle_greedy(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
-    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state())
+    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state(), priced.memory)
 
 
 def best_greedy(problem: Problem) -> SolveResult:

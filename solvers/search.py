@@ -318,7 +318,7 @@ def random_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
     while samples < limit and (samples == 0 or time.monotonic() < deadline):
         samples += 1
-        result = random_assignment(instance, rng)
+        result = random_assignment(instance, rng, priced.memory)
         if result.plan is None:
             dead_ends += 1
             continue

@@ -79,13 +79,13 @@ def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, mo
     assert len(records) == 2 * (2 + 5)  # random with 2 seeds plus five solvers, on 2 instances
     assert all(r["status"] == "feasible" for r in by_solver["lpt"] + by_solver["random"])
     assert all(r["status"] == "error" and "boom" in r["error"] for r in by_solver["test-raises"])
-    assert all(r["status"] == "error" and "killed" in r["error"] for r in by_solver["test-hangs"])
+    assert all(r["status"] == "timeout" and "killed" in r["error"] for r in by_solver["test-hangs"])
     assert all(r["status"] == "error" and "exit code 9" in r["error"] for r in by_solver["test-dies"])
     assert all(r["status"] == "error" and "PlanError" in r["error"] for r in by_solver["test-cheats"])
     rows = {row.solver: row for row in leaderboard_rows(records)}
     assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
     markdown = leaderboard_markdown(records, "t")
-    assert "| test-hangs | 0/2 | 0 | 0 | 0 | 2 | n/a |" in markdown
+    assert "| test-hangs | 0/2 | 0 | 0 | 0 | 0 | 2 | n/a |" in markdown
 
 
 def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):

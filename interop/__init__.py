@@ -1,0 +1,11 @@
+"""Adapters at the edge of the suite: other tools' objects in and out. Importing this package plugs
+TorchRec's estimator into the oracle registry (`torchrec`) and its planner into the solver registry
+(`torchrec-planner`); torchrec itself loads only when one of them is used."""
+from costmodels import register_oracle
+from solvers.base import register
+
+from .torchrec import TorchRecOracle, planner_solver
+
+register_oracle("torchrec", TorchRecOracle)
+register("torchrec-planner", "TorchRec's EmbeddingShardingPlanner (default proposers, HBM kernels): its plan as ours; "
+         "ignores the given oracle and the time budget", splits=True, budgeted=False)(planner_solver)
