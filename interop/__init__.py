@@ -8,4 +8,4 @@ from .torchrec import TorchRecOracle, planner_solver
 
 register_oracle("torchrec", TorchRecOracle)
 register("torchrec-planner", "TorchRec's EmbeddingShardingPlanner (default proposers, HBM kernels): its plan as ours; "
-         "ignores the given oracle and the time budget", splits=True, budgeted=False)(planner_solver)
+         "ignores the given oracle and the time budget", splits=True, budgeted=False, peer=True)(planner_solver)

@@ -293,6 +293,13 @@ def from_torchrec_plan(instance: Instance, sharding_plan) -> Plan:
                                  (int(meta.shard_offsets[0]), int(meta.shard_offsets[0] + meta.shard_sizes[0])),
                                  (int(meta.shard_offsets[1]), int(meta.shard_offsets[1] + meta.shard_sizes[1])))
                            for meta in sharding.sharding_spec.shards)
+        if kind == "column_wise" and len(shards) == 1:
+            # TorchRec cuts a narrow table into one column shard, priced and stored as table-wise by its
+            # estimators; our column-wise means two shards or more.
+            if "table_wise" not in instance.allowed_types(table):
+                raise InstanceError(f"plan: table {table.name}", "TorchRec placed it whole as one column shard, "
+                                    "but table_wise is not allowed for it")
+            kind = "table_wise"
         tables.append(TableSharding(kind, shards))
     return Plan(instance.id, tuple(tables))
 
@@ -455,7 +462,17 @@ def planner_solver(problem, budget, seed):
 
     from solvers.base import SolveResult, Status
 
+    from torchrec.distributed.planner.types import PlannerError
+
+    from solvers.base import Cause, NoPlan
+
     started = time.monotonic()
-    plan, totals = plan_with_torchrec(problem.instance)
+    try:
+        plan, totals = plan_with_torchrec(problem.instance)
+    except PlannerError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return SolveResult(Status.NO_PLAN, reason=f"TorchRec's planner found no plan under its own model: {first}",
+                           no_plan=NoPlan(Cause.PEER_MODEL),
+                           stats={"planning_seconds": time.monotonic() - started})
     return SolveResult(Status.FEASIBLE, plan=plan, stats={"planning_seconds": time.monotonic() - started,
                                                           "torchrec_rating": max(totals)})

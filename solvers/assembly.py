@@ -160,6 +160,9 @@ def choose_options(candidates: Candidates, level: float, weight: np.ndarray) -> 
     table whose choice saves the least work per extra byte takes its leanest option."""
     biggest = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
     memory = candidates.total_memory
+    # Options whose work differs by float noise alone (row shards summing to the whole table) are equally
+    # light: the one enumerated first (whole tables first) wins.
+    weight = np.array([float(f"{w:.10g}") for w in weight])
     chosen = np.empty(len(candidates.by_table), dtype=np.int64)
     leanest = np.empty_like(chosen)
     for table, ids in enumerate(candidates.by_table):

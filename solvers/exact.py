@@ -41,7 +41,10 @@ from .candidates import Candidates, Problem
 from .search import searched
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
-MILP_BOUND_SLACK = 1e-7      # MILP bounds hold up to the solvers' feasibility tolerances: give that back
+# MILP bounds hold only up to the solvers' feasibility and integrality tolerances (1e-6 per row and per
+# variable): a CBC "optimum" on a split model lay 3.5e-6 above a plan CP-SAT found. Give back 5e-6
+# (half of OPTIMALITY_TOLERANCE, so that a MILP optimum still certifies itself).
+MILP_BOUND_SLACK = 5e-6
 MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
 # With splits the model is larger and CP-SAT or HiGHS rarely beat local search within seconds (on 80 × 8

@@ -19,6 +19,7 @@ from solvers import (
     lp_bound,
     run_solver,
 )
+from solvers.base import OPTIMALITY_TOLERANCE
 from solvers.greedy import best_greedy
 
 EXACT = ["cpsat", "milp-cbc", "milp-highs"]
@@ -37,7 +38,7 @@ def test_exact_solvers_find_the_brute_force_optimum(instance, oracle_name):
             assert result.status in (Status.INFEASIBLE, Status.NO_PLAN)
             continue
         assert result.status == Status.OPTIMAL, (name, result)
-        assert result.objective == pytest.approx(optimum, rel=1e-6, abs=1e-9)
+        assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-9)
         assert result.lower_bound <= result.objective * (1 + 1e-12)
         for h in heuristics:
             if h.has_plan:

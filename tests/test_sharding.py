@@ -44,6 +44,7 @@ from solvers import (
     run_solver,
     solver_names,
 )
+from solvers.base import OPTIMALITY_TOLERANCE
 
 SPLITTING = [n for n in solver_names() if get_solver(n).splits]
 ALL_PLACEMENT = [n for n in solver_names() if not n.endswith("-rl") and not n.endswith("-rl+ls")]
@@ -283,7 +284,7 @@ def test_exact_split_optimum_matches_brute_force_and_beats_every_heuristic(insta
     for name in ("cpsat", "milp-highs", "milp-cbc"):
         result = run_solver(name, instance, oracle, QUICK, 0)
         assert result.status == Status.OPTIMAL, (name, result.reason, result.stats)
-        assert result.objective == pytest.approx(optimum, rel=1e-6, abs=1e-12)
+        assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
         if whole is not None:
             assert result.objective <= whole * (1 + 1e-9)
     for name in ("split-greedy", "local-search", "best-greedy", "lpt"):
