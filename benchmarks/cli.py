@@ -38,6 +38,7 @@ from solvers import (
     solver_names,
 )
 
+from .distributed import RayUnavailableError
 from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
 from .metrics import gap_to_bound
 from .rows_cli import add_commands as add_row_commands
@@ -261,13 +262,25 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _executor_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help=f"local: a process per {unit} on this machine; ray: a Ray task per {unit}")
+    parser.add_argument("--address", help="ray: the cluster to join (default: start a local instance)")
+
+
+def _check_executor(args: argparse.Namespace) -> None:
+    if args.address is not None and args.executor != "ray":
+        raise BudgetError("--address: only with --executor ray")
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .leaderboard import leaderboard_markdown, leaderboard_plot, update_readme_block
     from .runner import run_suite
     from .suite import load_suite
 
+    _check_executor(args)
     suite = load_suite(args.suite)
-    records = run_suite(suite, fresh=args.fresh, workers=args.workers)
+    records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor, address=args.address)
     title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
     markdown = leaderboard_markdown(records, title)
     write_text_atomic(suite.leaderboard_path, markdown + "\n")
@@ -281,16 +294,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def _cmd_measure(args: argparse.Namespace) -> int:
     check_output_path(args.out, "--out")
+    _check_executor(args)
+    from functools import partial
+
     from rich.progress import Progress
 
     from costmodels.dataset import collect
     from costmodels.measured import Protocol
 
     protocol = Protocol(batch=args.batch, seed=args.seed, max_rows=args.max_rows)
+    run_many = None
+    if args.executor == "ray":
+        from .distributed import ray_map
+
+        run_many = partial(ray_map, address=args.address, workers=args.workers)
     with Progress() as bar:
         task = bar.add_task("measuring", total=args.combos)
         written = collect(Path(args.out), args.combos, args.max_tables, args.batch, args.seed, protocol,
-                          progress=lambda n: bar.update(task, completed=n))
+                          progress=lambda n: bar.update(task, completed=n), run_many=run_many)
     print(f"measured {written} new combinations into {args.out}")
     return 0
 
@@ -476,6 +497,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
     bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
     bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
+    _executor_arguments(bench, "cell")
     bench.set_defaults(func=_cmd_bench)
 
     measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)")
@@ -485,6 +507,9 @@ def build_parser() -> argparse.ArgumentParser:
     measure.add_argument("--seed", type=SEED, default=0)
     measure.add_argument("--max-rows", type=POSITIVE, default=1 << 18, help="CPU: rows allocated per table at most")
     measure.add_argument("--out", required=True, help="JSON-lines dataset (appended to; a rerun resumes)")
+    _executor_arguments(measure, "combination")
+    measure.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"),
+                         help="ray: tasks in flight at most (default: one per GPU, or per CPU without GPUs)")
     measure.set_defaults(func=_cmd_measure)
     train = sub.add_parser("train", help="train a learned component").add_subparsers(dest="train_command",
                                                                                      required=True)
@@ -527,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, SuiteError,
-            StoreError, BudgetError, FileExistsError, FileNotFoundError) as exc:
+            StoreError, BudgetError, FileExistsError, FileNotFoundError, RayUnavailableError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
 

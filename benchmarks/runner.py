@@ -3,6 +3,7 @@ process under a hard deadline so that a solver that crashes or hangs costs one e
 Finished cells are appended to the results store at once; cells already there are not run again."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -157,7 +158,7 @@ def _child(connection, cell: Cell, parent: int) -> None:
         connection.close()
 
 
-def _error_record(cell: Cell, message: str, elapsed: float, status: str = "error") -> dict:
+def error_record(cell: Cell, message: str, elapsed: float, status: str = "error") -> dict:
     return {**cell.record_base(), "status": status, "error": message, "solve_time": elapsed,
             "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices}
 
@@ -185,13 +186,13 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
             if receiver in ready:
                 try:
                     kind, payload = receiver.recv()
-                    record = payload if kind == "ok" else _error_record(cell, payload, now - started)
+                    record = payload if kind == "ok" else error_record(cell, payload, now - started)
                 except EOFError:
                     process.join(1.0)
-                    record = _error_record(cell, f"solver process died (exit code {process.exitcode})", now - started)
+                    record = error_record(cell, f"solver process died (exit code {process.exitcode})", now - started)
             elif now - started > cell_deadline(cell):
                 _kill_group(process)
-                record = _error_record(cell, f"killed after {now - started:.1f} s: exceeded its "
+                record = error_record(cell, f"killed after {now - started:.1f} s: exceeded its "
                                              + (f"{cell.time_limit:g} s budget by too much" if cell.deadline is None
                                                 else f"deadline of {cell.deadline:g} s"), now - started, "timeout")
             if record is not None:
@@ -212,23 +213,39 @@ def _kill_group(process) -> None:
     process.join(1.0)
 
 
-def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, quiet: bool = False) -> list[dict]:
+EXECUTORS = ("local", "ray")
+
+
+def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, quiet: bool = False,
+              executor: str = "local", address: str | None = None) -> list[dict]:
     """Runs what the store lacks and returns every record of this suite's cells. The store stays locked
-    while the suite runs: a second bench process on it is refused."""
+    while the suite runs: a second bench process on it is refused. `executor` "ray" runs the cells as Ray
+    tasks (on the cluster at `address`, or a local instance), into the same store."""
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     instances = load_instances(suite.instances)
     cells = suite_cells(suite, instances)
-    with Store(suite.results) as store:
+    if executor == "ray":  # reach the cluster before the store is touched: a bad address leaves nothing behind
+        from .distributed import ray_session
+
+        session = ray_session(address, workers)
+    else:
+        session = contextlib.nullcontext()
+    with session, Store(suite.results) as store:
         if fresh:
             store.clear()
-        return _run_missing(suite, cells, store, workers, quiet)
+        return _run_missing(suite, cells, store, workers, quiet, executor, address)
 
 
-def _run_missing(suite: Suite, cells: list[Cell], store: Store, workers: int | None, quiet: bool) -> list[dict]:
+def _run_missing(suite: Suite, cells: list[Cell], store: Store, workers: int | None, quiet: bool,
+                 executor: str, address: str | None) -> list[dict]:
     done = {cell_key(r): r for r in store.records()}
     todo = [c for c in cells if c.key not in done]
     if not quiet:
+        where = (f"{workers or suite.workers} workers" if executor == "local" else
+                 f"ray ({address or 'a local instance'}, {workers or 'one task per CPU'})")
         print(f"{suite.name}: {len(cells)} cells, {len(cells) - len(todo)} already in {suite.results}, "
-              f"{len(todo)} to run on {workers or suite.workers} workers")
+              f"{len(todo)} to run on {where}")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   auto_refresh=False, disable=quiet) as bar:
         task = bar.add_task(suite.name, total=len(todo))
@@ -241,5 +258,10 @@ def _run_missing(suite: Suite, cells: list[Cell], store: Store, workers: int | N
             store.append(record)
             done[cell_key(record)] = record
 
-        run_cells(todo, workers or suite.workers, keep, advance)
+        if executor == "ray":
+            from .distributed import run_cells_ray
+
+            run_cells_ray(todo, workers, keep, advance, address)
+        else:
+            run_cells(todo, workers or suite.workers, keep, advance)
     return [done[c.key] for c in cells if c.key in done]

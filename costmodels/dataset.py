@@ -46,30 +46,41 @@ def combination_tables(combo: dict) -> list[Table]:
     return [pool[i].as_table(d, 2) for i, d in zip(combo["pool_indices"], combo["dims"])]
 
 
+def measure_combination(task: tuple[dict, int, Protocol]) -> dict:
+    """One dataset record: the combination measured as one device, and each member alone (on the device
+    of whichever process runs it: a Ray worker's GPU under the ray executor)."""
+    combo, batch, protocol = task
+    cache = MeasurementCache()
+    tables = combination_tables(combo)
+    together = cache.get_or_measure(tables, batch, protocol)
+    singles = [cache.get_or_measure([t], batch, protocol) for t in tables]
+    return {**combo, "features": [table_features(t) for t in tables], "batch": batch,
+            "forward_s": together.forward_s, "backward_s": together.backward_s, "total_s": together.total_s,
+            "spread": together.spread, "single_total_s": [s.total_s for s in singles],
+            "single_forward_s": [s.forward_s for s in singles], "single_backward_s": [s.backward_s for s in singles],
+            "device": together.device, "versions": together.versions, "protocol": asdict(protocol)}
+
+
 def collect(out: Path, count: int, max_tables: int, batch: int, seed: int, protocol: Protocol,
-            cache: MeasurementCache | None = None, progress=None) -> int:
-    """Appends measured combinations to `out` (JSON lines); ones already there are skipped."""
-    cache = cache or MeasurementCache()
-    done = len(load_dataset(out)) if out.exists() else 0
+            progress=None, run_many=None) -> int:
+    """Appends measured combinations to `out` (JSON lines) as they finish; ids already there are skipped.
+    `run_many(fn, tasks)` yields fn's results in any order (default: one after another, here)."""
+    done = {r["id"] for r in load_dataset(out)} if out.exists() else set()
     out.parent.mkdir(parents=True, exist_ok=True)
+    tasks = [(combo, batch, protocol) for combo in combinations(count, max_tables, seed) if combo["id"] not in done]
+    results = (run_many or _one_after_another)(measure_combination, tasks)
     written = 0
-    for combo in combinations(count, max_tables, seed):
-        if combo["id"] < done:
-            continue
-        tables = combination_tables(combo)
-        together = cache.get_or_measure(tables, batch, protocol)
-        singles = [cache.get_or_measure([t], batch, protocol) for t in tables]
-        record = {**combo, "features": [table_features(t) for t in tables], "batch": batch,
-                  "forward_s": together.forward_s, "backward_s": together.backward_s, "total_s": together.total_s,
-                  "spread": together.spread, "single_total_s": [s.total_s for s in singles],
-                  "single_forward_s": [s.forward_s for s in singles], "single_backward_s": [s.backward_s for s in singles],
-                  "device": together.device, "versions": together.versions, "protocol": asdict(protocol)}
+    for record in results:
         with out.open("a") as handle:
             handle.write(json.dumps(record) + "\n")
         written += 1
         if progress:
-            progress(combo["id"] + 1)
+            progress(len(done) + written)
     return written
+
+
+def _one_after_another(fn, tasks):
+    return map(fn, tasks)
 
 
 # Upper limits of AutoShard's 21 features, as an instance's tables are limited.
