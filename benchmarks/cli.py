@@ -39,6 +39,7 @@ from solvers import (
 )
 
 from .distributed import RayUnavailableError
+from .recommend import RecommenderError
 from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
 from .metrics import gap_to_bound
 from .rows_cli import add_commands as add_row_commands
@@ -226,6 +227,114 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             "optimal_over": result.stats.get("optimal_over"), "device_costs": costs,
             "memory_per_device": list(plan.memory_per_device(instance))})
         print(f"  plan written to {args.output}")
+    return 0
+
+
+def _question(args: argparse.Namespace):
+    """The instance (restricted as asked), the oracle's name (checked) and the budget of a recommend/plan."""
+    get_oracle(args.oracle)
+    return restrict(load_instance(args.instance), args.sharding_types)
+
+
+def _cmd_recommend(args: argparse.Namespace) -> int:
+    from .recommend import PORTFOLIO_SIZE, Rules
+    from .workloads import workload_features
+
+    instance = _question(args)
+    rules = Rules.load(args.rules) if args.rules else Rules.load()
+    features = workload_features(instance, args.oracle, args.budget)
+    ranking, source = rules.recommend(features)
+    if not ranking:
+        print(f"no evidence for a solver that applies to {instance.id} under {args.oracle}", file=sys.stderr)
+        return EXIT_ERROR
+    chosen = ranking[:PORTFOLIO_SIZE]
+    print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
+          f"devices in {features.nodes} node(s), memory tightness {features.tightness:.2f}, heaviest table "
+          f"{features.heaviest:.2f}× the balanced load, cost CV {features.cost_cv:.2f}, "
+          f"{features.split_share:.0%} of tables worth splitting, {'additive' if features.additive else 'non-additive'} oracle")
+    print(f"recommended: {chosen[0]['solver']}" + (f"; portfolio (side by side, as `shardbench plan` runs it): "
+                                                   f"{' + '.join(r['solver'] for r in chosen)} + best-greedy"))
+    print(f"  from {source}: expected regret (over the best plan of any solver) {chosen[0]['mean_regret']:.2%} mean, "
+          f"{chosen[0]['max_regret']:.2%} worst; within 1 % on {chosen[0]['within']}/{chosen[0]['workloads']}; "
+          f"mean time {chosen[0]['mean_time']:.2f} s")
+    print("  candidates there: " + "; ".join(f"{r['solver']} {r['mean_regret']:.2%} ({r['mean_time']:.2f} s)"
+                                              for r in ranking))
+    print("  nearest workloads in the evidence:")
+    for w in rules.nearest(features):
+        ranked = sorted(w.results, key=w.regret)
+        print(f"    {w.family} {w.instance} {w.oracle} {w.budget:g} s {w.setting}: "
+              + ", ".join(f"{s} {'no plan' if w.regret(s) >= 1 else f'+{w.regret(s):.2%}'}" for s in ranked[:4]))
+    return 0
+
+
+def _cmd_refit_recommender(args: argparse.Namespace) -> int:
+    from .recommend import RULES_PATH, family_suites, refit
+
+    check_output_path(args.output or str(RULES_PATH), "-o")
+    suites = [Path(p) for p in args.suites] or family_suites()
+    rules, evaluations = refit(suites)
+    out = Path(args.output) if args.output else RULES_PATH
+    write_json_atomic(out, rules.to_dict())
+    for granularity, rows in evaluations.items():
+        regrets = np.array([r["regret"] for r in rows])
+        print(f"{granularity}: held-out (leave one family out) regret mean {regrets.mean():.2%}, within 1 % on "
+              f"{(regrets <= 0.01).sum()}/{len(rows)}, worst {regrets.max():.2%}")
+    print(f"{len(rules.evidence)} workloads from {len(suites)} suites; {rules.granularity} rules "
+          f"({len(rules.table)} keys) written to {out}")
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    check_output_path(args.output, "-o")
+    if args.torchrec_out:
+        check_output_path(args.torchrec_out, "--torchrec-out")
+        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, Path(args.torchrec_out).with_suffix(".sharding.json"))}
+        if len(outputs) < 3 or Path(args.instance).resolve() in outputs:
+            raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plan or each other")
+    from .portfolio import SAFETY_NET, run_portfolio
+    from .recommend import Rules
+
+    instance = _question(args)
+    if args.solvers:
+        for name in args.solvers:
+            get_solver(name)
+        portfolio = list(args.solvers)
+    else:
+        from .workloads import workload_features
+
+        rules = Rules.load(args.rules) if args.rules else Rules.load()
+        portfolio = rules.portfolio(workload_features(instance, args.oracle, args.budget))
+    print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
+    result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed)
+    for r in sorted(result.records, key=lambda r: (r.get("objective") is None, r.get("objective") or 0)):
+        line = f"  {r['solver']:<14} {r['status']:<9} {r['solve_time']:7.2f} s"
+        if r.get("objective") is not None:
+            line += f"  objective {r['objective']:.6g}"
+        print(line + (f"  ({r['error'].splitlines()[0][:120]})" if r.get("error") else ""))
+    if result.stopped_early:
+        print("  a proven optimum stopped the others")
+    if result.plan is None:
+        print(f"no plan within {result.wall_s:.1f} s", file=sys.stderr)
+        return EXIT_NO_PLAN
+    sharding_plan = None
+    if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
+        from interop.torchrec import readable, to_torchrec
+
+        sharding_plan = to_torchrec(instance, result.plan)
+    oracle = get_oracle(args.oracle)
+    gap = result.gap
+    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}"
+          + (f", bound {result.bound:.6g}, gap {gap:.4%}" if gap is not None else ", no bound") + f"; {result.wall_s:.1f} s")
+    save_plan(result.plan, instance, args.output, report={
+        "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
+        "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
+        "wall_seconds": result.wall_s, "sharding_types": list(instance.sharding_types)})
+    print(f"plan written to {args.output}")
+    if sharding_plan is not None:
+        save_torch_atomic(sharding_plan, args.torchrec_out)
+        sidecar = str(Path(args.torchrec_out).with_suffix(".sharding.json"))
+        write_json_atomic(sidecar, readable(sharding_plan))
+        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar})")
     return 0
 
 
@@ -476,6 +585,31 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("-o", "--output", help="write the validated plan here")
     solve.set_defaults(func=_cmd_solve)
 
+    for name, help_text in (("recommend", "the solver (and portfolio) expected to plan this instance best, with "
+                                           "the evidence"),
+                            ("plan", "run the recommended portfolio side by side and write the best validated plan")):
+        question = sub.add_parser(name, help=help_text)
+        question.add_argument("instance")
+        question.add_argument("--oracle", default="analytic")
+        question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds (default 10)")
+        question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
+                              "(default: the instance's)")
+        question.add_argument("--rules", help="a rules file written by refit-recommender (default: shipped)")
+        if name == "recommend":
+            question.set_defaults(func=_cmd_recommend)
+        else:
+            question.add_argument("-o", "--output", required=True, help="the best validated plan (JSON)")
+            question.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save) and, beside "
+                                  "it, its readable .sharding.json")
+            question.add_argument("--solvers", type=lambda v: [s for s in v.split(",") if s],
+                                  help="run these instead of the recommendation, comma-separated")
+            question.add_argument("--seed", type=SEED, default=0)
+            question.set_defaults(func=_cmd_plan)
+    refit_parser = sub.add_parser("refit-recommender", help="refit the planner-choice rules from workloads-* stores")
+    refit_parser.add_argument("suites", nargs="*", help="suite files (default: benchmarks/suites/workloads-*.toml)")
+    refit_parser.add_argument("-o", "--output", help="rules file (default: the shipped one)")
+    refit_parser.set_defaults(func=_cmd_refit_recommender)
+
     show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown")
     show_plan.add_argument("plan")
     show_plan.add_argument("--instance", required=True)
@@ -552,7 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, SuiteError,
-            StoreError, BudgetError, FileExistsError, FileNotFoundError, RayUnavailableError) as exc:
+            StoreError, BudgetError, FileExistsError, FileNotFoundError, RayUnavailableError,
+            RecommenderError) as exc:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
 

@@ -82,6 +82,17 @@ def _store_doc() -> list:
              "lower_bound": 3.0}]
 
 
+def _rules_doc() -> dict:
+    features = {"tables": 3, "devices": 2, "nodes": 1, "tightness": 0.5, "heaviest": 1.2, "cost_cv": 0.8,
+                "split_share": 0.3, "additive": True, "budget": 1.0}
+    row = {"solver": "lpt", "mean_regret": 0.0, "max_regret": 0.0, "mean_time": 0.01, "within": 1, "misses": 0,
+           "workloads": 1}
+    return {"granularity": "coarse", "rules": {"≤100 tables | ≤3 s | additive | splits": [row]},
+            "evidence": [{"family": "workloads-fuzz", "instance": "fuzz", "oracle": "lookup", "budget": 1.0,
+                          "setting": "instance", "features": features,
+                          "results": {"lpt": {"objective": 3.0, "time": 0.01, "status": "feasible"}}}]}
+
+
 # ---------------------------------------------------------------- documents and their writers
 
 
@@ -139,6 +150,8 @@ KINDS = {
     "pool": Kind("pool", _pool_doc, _json, frozenset({"row", "pooling_factor", *(f"bin_{b}" for b in range(17))}), False),
     "dataset": Kind("dataset", _dataset_doc, _jsonl, frozenset({"id", "split", "pool_indices", "dims", "features",
                                                                 "batch", "forward_s", "backward_s", "total_s"}), False),
+    "rules": Kind("rules", _rules_doc, _json, frozenset({"granularity", "rules", "evidence", "solver", "family",
+                                                        "budget", "features", "results", "status", "time"}), True),
     "store": Kind("store", _store_doc, _jsonl, frozenset({"instance", "solver", "oracle", "time_limit", "seed",
                                                           "status", "solve_time"}), False),
 }
@@ -338,6 +351,16 @@ def _instance_file(work: Path) -> Path:
     return work / "instance.json"
 
 
+def _instance_with_rules(work: Path) -> Path:
+    (work / "rules.json").write_text(_json(_rules_doc()))
+    return work / "instance.json"
+
+
+def _rules_file(work: Path) -> Path:
+    (work / "instance.json").write_text(_json(instance_to_dict(base_instance())))
+    return work / "rules.json"
+
+
 def _plan_file(work: Path) -> Path:
     (work / "instance.json").write_text(_json(instance_to_dict(base_instance())))
     return work / "plan.json"
@@ -383,6 +406,12 @@ TARGETS = (
     Target("instances sample --pool", "pool", lambda f, o: ["instances", "sample", "--pool", str(f), "--tables", "2",
                                                             "--devices", "1", "--count", "1", "--out", str(o)],
            _instance_file),
+    Target("recommend", "instance", lambda f, o: ["recommend", str(f), "--oracle", "lookup", "--budget", "1",
+                                                  "--rules", str(f.parent / "rules.json")], _instance_with_rules),
+    Target("plan", "instance", lambda f, o: ["plan", str(f), "--oracle", "lookup", "--budget", "0.5",
+                                             "--solvers", "lpt", "-o", str(o)], _instance_file),
+    Target("recommend --rules", "rules", lambda f, o: ["recommend", str(f.parent / "instance.json"), "--oracle",
+                                                      "lookup", "--rules", str(f)], _rules_file),
     Target("bench", "suite", lambda f, o: ["bench", str(f)], _suite_files),
     Target("bench (store)", "store", lambda f, o: ["bench", str(f.parent.parent / "suite.toml")], _store_files),
     Target("summarize (store)", "store", lambda f, o: ["summarize", str(f.parent.parent / "suite.toml"), "-o", str(o)],

@@ -164,7 +164,9 @@ def error_record(cell: Cell, message: str, elapsed: float, status: str = "error"
 
 
 def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None],
-              progress: Callable[[dict], None] | None = None) -> None:
+              progress: Callable[[dict], None] | None = None, stop: Callable[[dict], bool] | None = None) -> None:
+    """Runs the cells, `workers` at a time. When a record satisfies `stop`, the cells still running are
+    killed (they leave no record) and the rest are not started."""
     context = mp.get_context("fork")
     pending = deque(cells)
     running: dict = {}
@@ -203,6 +205,12 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
                 on_record(record)
                 if progress:
                     progress(record)
+                if stop is not None and stop(record):
+                    for other in list(running):
+                        _kill_group(running.pop(other)[0])
+                        other.close()
+                    pending.clear()
+                    return
 
 
 def _kill_group(process) -> None:

@@ -1,0 +1,77 @@
+"""Workload features: what a question (an instance, an oracle, a time budget) looks like to a planner
+chooser — size, memory tightness, how skewed the per-table costs are, how much splitting could help —
+computed the same way for the evidence in the stores and for a user's instance."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from costmodels import get_oracle
+from instances import Instance
+
+# A table "worth splitting" carries at least this share of the balanced load alone: splitting it lets
+# the pieces fill the gaps between devices (or, above 1, is the only way below it).
+SPLIT_WORTH_SHARE = 0.25
+PROXY_ORACLE = "lookup"  # stands in for an oracle whose single-table costs are too slow to ask (measured)
+SLOW_ORACLES = ("measured",)
+
+
+@dataclass(frozen=True)
+class Features:
+    """`tightness`: the tables' memory (weights and optimizer state, whole) over the cluster's; `heaviest`:
+    the costliest table alone over the balanced load (Σ costs / devices) — above 1 no whole-table plan
+    balances; `cost_cv`: coefficient of variation of the per-table costs; `split_share`: share of tables
+    that allow a split and carry ≥ SPLIT_WORTH_SHARE of the balanced load; `additive`: the oracle's cost of a
+    device is the sum of its tables'; `budget`: seconds."""
+
+    tables: int
+    devices: int
+    nodes: int
+    tightness: float
+    heaviest: float
+    cost_cv: float
+    split_share: float
+    additive: bool
+    budget: float
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def workload_features(instance: Instance, oracle_name: str, budget: float) -> Features:
+    oracle = get_oracle(oracle_name)
+    costs_from = get_oracle(PROXY_ORACLE) if oracle_name in SLOW_ORACLES else oracle
+    costs = np.asarray(costs_from.single_table_costs(instance), dtype=float)
+    balanced = costs.sum() / instance.num_devices
+    memory = float(sum(instance.table_memory()))
+    capacity = float(instance.topology.memory_bytes) * instance.num_devices
+    splittable = np.array([any(t != "table_wise" for t in instance.allowed_types(table)) for table in instance.tables])
+    worth = costs >= SPLIT_WORTH_SHARE * balanced if balanced > 0 else np.zeros(len(costs), dtype=bool)
+    mean = costs.mean()
+    return Features(tables=instance.num_tables, devices=instance.num_devices, nodes=instance.topology.nodes,
+                    tightness=memory / capacity,
+                    heaviest=float(costs.max() / balanced) if balanced > 0 else 0.0,
+                    cost_cv=float(costs.std() / mean) if mean > 0 else 0.0,
+                    split_share=float((splittable & worth).mean()),
+                    additive=bool(oracle.additive), budget=float(budget))
+
+
+def size_class(tables: int) -> str:
+    return "≤100 tables" if tables <= 100 else "≤1000 tables" if tables <= 1000 else ">1000 tables"
+
+
+def budget_class(budget: float) -> str:
+    return "≤0.3 s" if budget <= 0.3 else "≤3 s" if budget <= 3 else ">3 s"
+
+
+def log_distance(a: Features, b: Features) -> float:
+    """How far two workloads are apart: log ratios of the sizes, budget and tightness, the skew and split
+    share as they are, and a step for a different oracle kind."""
+    def log_ratio(x: float, y: float) -> float:
+        return abs(math.log(max(x, 1e-9) / max(y, 1e-9)))
+
+    return (log_ratio(a.tables, b.tables) + log_ratio(a.devices, b.devices) + log_ratio(a.budget, b.budget)
+            + log_ratio(min(a.tightness, 2.0), min(b.tightness, 2.0)) + abs(min(a.heaviest, 3) - min(b.heaviest, 3))
+            + abs(a.split_share - b.split_share) + (0.0 if a.additive == b.additive else 2.0))

@@ -1,0 +1,191 @@
+"""Planner choice: workload features, the rule table fitted on evidence and evaluated leave-one-family-out,
+`shardbench recommend`, `refit-recommender` and `plan` end to end, and their bad input."""
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import make_instance
+
+from benchmarks.cli import main
+from benchmarks.portfolio import run_portfolio
+from benchmarks.recommend import (
+    NO_PLAN_REGRET,
+    Rules,
+    Workload,
+    applicable,
+    collect_evidence,
+    leave_one_family_out,
+    rule_key,
+)
+from benchmarks.runner import run_suite
+from benchmarks.suite import load_suite
+from benchmarks.workloads import Features, workload_features
+from costmodels import get_oracle
+from instances import load_plan, save_instance, save_instance_set
+from instances.model import SHARDING_TYPES
+from instances.sampler import MemorySpec, TaskSpec, sample_tasks
+from solvers import Budget, run_solver
+
+
+def test_features_of_a_hand_made_instance():
+    # Costs under lookup are dim × pooling: 4·0.5, 4·0.5, 4·6 on 2 devices: balanced load 14, heaviest 24.
+    instance = make_instance([(10, 4, 0.5), (10, 4, 0.5), (10, 4, 6.0)], 2, 10**6)
+    f = workload_features(instance, "lookup", 1.0)
+    assert (f.tables, f.devices, f.nodes, f.additive, f.budget) == (3, 2, 1, True, 1.0)
+    assert f.heaviest == pytest.approx(24 / 14)
+    costs = np.array([2.0, 2.0, 24.0])
+    assert f.cost_cv == pytest.approx(costs.std() / costs.mean())
+    assert f.tightness == pytest.approx(sum(instance.table_memory()) / (2 * 10**6))
+    assert f.split_share == 0.0  # make_instance allows table-wise only
+    split = dataclasses.replace(instance, sharding_types=SHARDING_TYPES)
+    assert workload_features(split, "lookup", 1.0).split_share == pytest.approx(1 / 3)  # only 24 ≥ 0.25 × 14
+    assert not workload_features(instance, "neural-autoshard", 1.0).additive
+
+
+def _workload(family, regrets: dict, features=None) -> Workload:
+    features = features or Features(80, 8, 1, 0.5, 1.2, 1.0, 0.1, True, 1.0)
+    results = {s: {"objective": None if r is None else 100.0 * (1 + r), "time": 1.0, "status": "feasible"}
+               for s, r in regrets.items()}
+    return Workload(family, "i", "lookup", features.budget, "instance", features, results)
+
+
+def test_regret_counts_a_missing_plan_and_the_rules_rank_by_it():
+    w = _workload("a", {"lpt": 0.02, "cpsat": 0.0, "local-search": None})
+    assert w.regret("cpsat") == 0.0 and w.regret("lpt") == pytest.approx(0.02)
+    assert w.regret("local-search") == NO_PLAN_REGRET and w.regret("never-ran") == NO_PLAN_REGRET
+    rules = Rules.fit([w, _workload("b", {"lpt": 0.01, "cpsat": 0.0, "local-search": 0.0})], "coarse")
+    ranking, source = rules.recommend(w.features)
+    assert [r["solver"] for r in ranking] == ["cpsat", "lpt", "local-search"] and "rule" in source
+    neural = Features(80, 8, 1, 0.5, 1.2, 1.0, 0.1, False, 1.0)
+    assert "cpsat" not in rules.portfolio(neural) and "lpt" not in rules.portfolio(neural)
+
+
+def test_leave_one_family_out_never_sees_the_held_out_family():
+    # Family "a" alone favours lpt; "b" and "c" favour cpsat: held out, "a" is recommended cpsat.
+    a = _workload("a", {"lpt": 0.0, "cpsat": 0.05})
+    b = _workload("b", {"lpt": 0.05, "cpsat": 0.0})
+    c = _workload("c", {"lpt": 0.05, "cpsat": 0.0})
+    rows = {r["family"]: r for r in leave_one_family_out([a, b, c], "coarse")}
+    assert rows["a"]["solver"] == "cpsat" and rows["a"]["regret"] == pytest.approx(0.05)
+    assert rows["b"]["regret"] == 0.0
+
+
+def _family(folder: Path, name: str, tables: int, devices: int) -> Path:
+    tasks = sample_tasks(TaskSpec("autoshard", tables, count=2, num_devices=devices, memory=MemorySpec(tightness=1.3)))
+    save_instance_set(tasks, folder / f"set-{name}", {})
+    path = folder / f"workloads-{name}.toml"
+    path.write_text(f'name = "workloads-{name}"\ninstances = "set-{name}"\nresults = "out/{name}.jsonl"\n'
+                    'oracles = ["lookup"]\nsolvers = ["random", "lpt", "best-greedy", "split-greedy", "round-robin"]\n'
+                    'sharding = ["table_wise", "instance"]\ntime_limits = [0.1, 1]\nrandom_seeds = [0]\nworkers = 2\n')
+    return path
+
+
+@pytest.fixture(scope="module")
+def evidence(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("evidence")
+    suites = [_family(folder, "small", 20, 2), _family(folder, "mid", 40, 4)]
+    for suite in suites:
+        run_suite(load_suite(suite), quiet=True)
+    return folder, suites
+
+
+def test_refit_recommend_and_plan_end_to_end(evidence, tmp_path, capsys):
+    folder, suites = evidence
+    workloads = collect_evidence(suites)
+    assert {w.family for w in workloads} == {"workloads-small", "workloads-mid"}
+    assert {w.setting for w in workloads} == {"table_wise", "instance"}
+    # A whole-table solver competes in the split setting too; a splitting one only in its own.
+    split = next(w for w in workloads if w.setting == "instance")
+    assert "lpt" in split.results and "split-greedy" in split.results
+    rules_path = tmp_path / "rules.json"
+    assert main(["refit-recommender", *map(str, suites), "-o", str(rules_path)]) == 0
+    out = capsys.readouterr().out
+    assert "held-out (leave one family out)" in out and "rules" in out
+    rules = Rules.load(rules_path)
+    assert len(rules.evidence) == len(workloads) and rules.granularity in ("coarse", "fine")
+    instance = sample_tasks(TaskSpec("autoshard", 30, count=1, num_devices=3, memory=MemorySpec(tightness=1.3)))[0]
+    path = tmp_path / "i.json"
+    save_instance(instance, path)
+    assert main(["recommend", str(path), "--oracle", "lookup", "--budget", "1", "--rules", str(rules_path)]) == 0
+    out = capsys.readouterr().out
+    assert "recommended:" in out and "nearest workloads" in out
+    plan_path = tmp_path / "plan.json"
+    assert main(["plan", str(path), "--oracle", "lookup", "--budget", "1", "--rules", str(rules_path),
+                 "-o", str(plan_path)]) == 0
+    report = json.loads(plan_path.read_text())["report"]
+    plan = load_plan(plan_path, instance)
+    greedy = run_solver("best-greedy", instance, get_oracle("lookup"), Budget(1.0), 0)
+    assert report["objective"] <= greedy.objective * (1 + 1e-9)
+    assert report["objective"] == pytest.approx(get_oracle("lookup").plan_cost(instance, plan))
+    assert report["lower_bound"] <= report["objective"] * (1 + 1e-9)
+
+
+def test_a_proven_optimum_stops_the_portfolio(tmp_path):
+    # One table per device: the plan meets the bound at once, and local search's 30 s are not waited for.
+    instance = make_instance([(10, 4, 1.0), (10, 4, 1.0)], 2, 10**6)
+    result = run_portfolio(instance, "lookup", 30.0, ["local-search", "lpt"])
+    assert result.plan is not None and result.wall_s < 20
+    assert any(r["status"] == "optimal" for r in result.records)
+
+
+def test_whole_table_bounds_do_not_bound_a_split_plan():
+    instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
+    result = run_portfolio(instance, "lookup", 1.0, ["split-greedy"])
+    whole = run_solver("lpt", instance.restricted_to(("table_wise",)), get_oracle("lookup"), Budget(1.0), 0)
+    assert result.bound is not None and result.bound <= result.objective * (1 + 1e-9)
+    assert result.objective <= whole.objective * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--oracle", "nope"], "unknown oracle"),
+    (["--budget", "0"], "--budget"),
+    (["--budget", "-1"], "--budget"),
+    (["--rules", "RULES_CORRUPT"], "not a recommender rules file"),
+])
+def test_bad_questions_fail_in_one_line(tmp_path, capsys, argv, needle):
+    instance = make_instance([(10, 4, 1.0)], 2, 10**6)
+    path = tmp_path / "i.json"
+    save_instance(instance, path)
+    corrupt = tmp_path / "rules.json"
+    corrupt.write_text("{not json")
+    argv = [a.replace("RULES_CORRUPT", str(corrupt)) for a in argv]
+    for command in (["recommend", str(path)], ["plan", str(path), "-o", str(tmp_path / "p.json")]):
+        assert main([*command, *argv]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0]
+        assert not (tmp_path / "p.json").exists()
+
+
+def test_refit_refuses_empty_or_corrupt_stores(evidence, tmp_path, capsys):
+    folder, suites = evidence
+    empty = tmp_path / "workloads-empty.toml"
+    empty.write_text(f'name = "workloads-empty"\ninstances = "{folder / "set-small"}"\nresults = "empty.jsonl"\n'
+                     'oracles = ["lookup"]\nsolvers = ["lpt"]\n')
+    (tmp_path / "empty.jsonl").write_text("")
+    out = tmp_path / "rules.json"
+    assert main(["refit-recommender", str(empty), str(suites[1]), "-o", str(out)]) == 2
+    assert "the store is empty" in capsys.readouterr().err and not out.exists()
+    (tmp_path / "empty.jsonl").write_text("garbage\n{}\n")
+    assert main(["refit-recommender", str(empty), str(suites[1]), "-o", str(out)]) == 2
+    assert "empty.jsonl" in capsys.readouterr().err and not out.exists()
+    assert main(["refit-recommender", str(suites[1]), "-o", str(out)]) == 2
+    assert "at least two workload families" in capsys.readouterr().err and not out.exists()
+
+
+def test_rule_keys_separate_what_they_should():
+    small = Features(20, 2, 1, 0.9, 0.5, 0.5, 0.0, True, 0.1)
+    big = Features(5000, 512, 64, 0.3, 2.5, 3.0, 0.2, True, 10.0)
+    assert rule_key(small, "coarse") != rule_key(big, "coarse")
+    assert rule_key(small, "fine").startswith(rule_key(small, "coarse"))
+
+
+def test_the_shipped_rules_load_and_answer_for_every_oracle_kind():
+    rules = Rules.load()
+    assert {w.family for w in rules.evidence} >= {"workloads-80x8", "workloads-5000x512"}
+    instance = sample_tasks(TaskSpec("autoshard", 60, count=1, num_devices=6, memory=MemorySpec(tightness=1.2)))[0]
+    for oracle in ("lookup", "analytic", "neural-dreamshard"):
+        features = workload_features(instance, oracle, 5.0)
+        portfolio = rules.portfolio(features)
+        assert portfolio and all(applicable(s, features) for s in portfolio)
