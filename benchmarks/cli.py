@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodels import UnknownOracleError, get_oracle, oracle_names
+from costmodels import UnknownOracleError, get_oracle, oracle_is_additive, oracle_names
 from instances import (
     Instance,
     InstanceError,
@@ -231,8 +231,8 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 
 def _question(args: argparse.Namespace):
-    """The instance (restricted as asked), the oracle's name (checked) and the budget of a recommend/plan."""
-    get_oracle(args.oracle)
+    """The instance of a recommend/plan (restricted as asked), once the oracle's name is checked."""
+    oracle_is_additive(args.oracle)  # an unknown name fails here, without building a costly oracle
     return restrict(load_instance(args.instance), args.sharding_types)
 
 

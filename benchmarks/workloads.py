@@ -8,21 +8,20 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from costmodels import get_oracle
+from costmodels import get_oracle, is_costly, oracle_is_additive
 from instances import Instance
 
 # A table "worth splitting" carries at least this share of the balanced load alone: splitting it lets
 # the pieces fill the gaps between devices (or, above 1, is the only way below it).
 SPLIT_WORTH_SHARE = 0.25
-PROXY_ORACLE = "lookup"  # stands in for an oracle whose single-table costs are too slow to ask (measured)
-SLOW_ORACLES = ("measured",)
+PROXY_ORACLE = "lookup"  # stands in for an oracle that is slow to build or to ask (measured, neural, torchrec)
 
 
 @dataclass(frozen=True)
 class Features:
     """`tightness`: the tables' memory (weights and optimizer state, whole) over the cluster's; `heaviest`:
-    the costliest table alone over the balanced load (Σ costs / devices) — above 1 no whole-table plan
-    balances; `cost_cv`: coefficient of variation of the per-table costs; `split_share`: share of tables
+    the costliest table alone over the balanced load (Σ costs / devices; lookup work for an oracle that is
+    costly to build) — above 1 no whole-table plan balances; `cost_cv`: coefficient of variation of the per-table costs; `split_share`: share of tables
     that allow a split and carry ≥ SPLIT_WORTH_SHARE of the balanced load; `additive`: the oracle's cost of a
     device is the sum of its tables'; `budget`: seconds."""
 
@@ -41,8 +40,10 @@ class Features:
 
 
 def workload_features(instance: Instance, oracle_name: str, budget: float) -> Features:
-    oracle = get_oracle(oracle_name)
-    costs_from = get_oracle(PROXY_ORACLE) if oracle_name in SLOW_ORACLES else oracle
+    additive = oracle_is_additive(oracle_name)  # an unknown name fails here
+    # Skew and split share are coarse features: for a costly oracle, lookup work is their measure, so that
+    # a question is answered in well under a second.
+    costs_from = get_oracle(PROXY_ORACLE if is_costly(oracle_name) else oracle_name)
     costs = np.asarray(costs_from.single_table_costs(instance), dtype=float)
     balanced = costs.sum() / instance.num_devices
     memory = float(sum(instance.table_memory()))
@@ -55,7 +56,7 @@ def workload_features(instance: Instance, oracle_name: str, budget: float) -> Fe
                     heaviest=float(costs.max() / balanced) if balanced > 0 else 0.0,
                     cost_cv=float(costs.std() / mean) if mean > 0 else 0.0,
                     split_share=float((splittable & worth).mean()),
-                    additive=bool(oracle.additive), budget=float(budget))
+                    additive=bool(additive), budget=float(budget))
 
 
 def size_class(tables: int) -> str:

@@ -47,9 +47,27 @@ def _neural(name: str) -> Callable[[], Oracle]:
 for _name in ("neural-autoshard", "neural-dreamshard"):
     _FACTORIES[_name] = _neural(_name)
 
+# Oracles that are slow to build (they load torch, weights or another library): whether they are additive,
+# known without building them, so that a question about them can be answered quickly.
+_COSTLY_ADDITIVE: dict[str, bool] = {"measured": False, "neural-autoshard": False, "neural-dreamshard": False}
 
-def register_oracle(name: str, factory: Callable[[], Oracle]) -> None:
+
+def register_oracle(name: str, factory: Callable[[], Oracle], costly_additive: bool | None = None) -> None:
+    """`costly_additive`: for an oracle that is slow to build, whether it is additive."""
     _FACTORIES[name] = factory
+    if costly_additive is not None:
+        _COSTLY_ADDITIVE[name] = costly_additive
+
+
+def is_costly(name: str) -> bool:
+    """Building this oracle loads libraries or weights (seconds): ask `oracle_is_additive` instead."""
+    return name in _COSTLY_ADDITIVE
+
+
+def oracle_is_additive(name: str) -> bool:
+    if name in _COSTLY_ADDITIVE:
+        return _COSTLY_ADDITIVE[name]
+    return get_oracle(name).additive
 
 
 def oracle_names() -> list[str]:
@@ -64,5 +82,6 @@ def get_oracle(name: str) -> Oracle:
 
 __all__ = [
     "AdditiveOracle", "AnalyticOracle", "DeviceCost", "DeviceState", "HEURISTIC_COSTS", "HeuristicOracle", "NotAdditiveError",
-    "Oracle", "Priced", "UnknownOracleError", "get_oracle", "heuristic_costs", "oracle_names", "register_oracle",
+    "Oracle", "Priced", "UnknownOracleError", "get_oracle", "heuristic_costs", "is_costly", "oracle_is_additive",
+    "oracle_names", "register_oracle",
 ]

@@ -6,6 +6,6 @@ from solvers.base import register
 
 from .torchrec import TorchRecOracle, planner_solver
 
-register_oracle("torchrec", TorchRecOracle)
+register_oracle("torchrec", TorchRecOracle, costly_additive=True)
 register("torchrec-planner", "TorchRec's EmbeddingShardingPlanner (default proposers, HBM kernels): its plan as ours; "
          "ignores the given oracle and the time budget", splits=True, budgeted=False, peer=True)(planner_solver)

@@ -1,7 +1,8 @@
 """Shared hypothesis profiles, strategies and helpers for small random instances.
 
-Profiles: `ci` (the default) is derandomized, so a verdict is the same on every machine; `deep`
-(HYPOTHESIS_PROFILE=deep, `make test-deep`) draws fresh examples, DEEP_FACTOR times as many."""
+Profiles: `ci` (the default) is derandomized, so a verdict is the same on every machine; `fresh`
+(HYPOTHESIS_PROFILE=fresh) draws fresh examples, as many as `ci`; `deep` (HYPOTHESIS_PROFILE=deep,
+`make test-deep`) draws fresh examples, DEEP_FACTOR times as many."""
 from __future__ import annotations
 
 import itertools
@@ -17,6 +18,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 DEEP_FACTOR = 5
 settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("fresh", derandomize=False, database=None, deadline=None, print_blob=True)
 settings.register_profile("deep", derandomize=False, database=None, deadline=None, print_blob=True)
 PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 settings.load_profile(PROFILE)
