@@ -48,17 +48,21 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
             continue
         setting = INSTANCE_SETTING if info.splits else TABLE_WISE_SETTING
         cells.append(Cell(instance, name, oracle_name, budget, seed, oracle_name, setting, kill_deadline(budget)))
+    # A whole-table member's optimum (or bound) is one of the whole-table problem only: below it a split
+    # plan may lie, so it neither stops the others nor bounds the posed problem.
+    whole_only = all(instance.allowed_types(t) == ("table_wise",) for t in instance.tables)
+
+    def posed(record: dict) -> bool:
+        return whole_only or record["sharding"] == INSTANCE_SETTING
+
     records: list[dict] = []
     started = time.monotonic()
-    run_cells(cells, len(cells), records.append, stop=lambda r: r["status"] == "optimal")
+    run_cells(cells, len(cells), records.append, stop=lambda r: r["status"] == "optimal" and posed(r))
     wall = time.monotonic() - started
     with_plan = [r for r in records if r.get("plan") is not None and r.get("objective") is not None]
-    # A whole-table member's bound holds for whole tables only: below it a split plan may lie.
-    whole_only = all(instance.allowed_types(t) == ("table_wise",) for t in instance.tables)
-    bounds = [b for r in records if whole_only or r["sharding"] == INSTANCE_SETTING
-              for b in (r.get("lower_bound"), r.get("instance_bound")) if b is not None]
+    bounds = [b for r in records if posed(r) for b in (r.get("lower_bound"), r.get("instance_bound")) if b is not None]
     bound = max(bounds) if bounds else None
-    stopped = any(r["status"] == "optimal" for r in records) and len(records) < len(cells)
+    stopped = any(r["status"] == "optimal" and posed(r) for r in records) and len(records) < len(cells)
     if not with_plan:
         return PortfolioResult(None, None, None, bound, wall, tuple(records), stopped)
     best = min(with_plan, key=lambda r: (r["objective"], members.index(r["solver"])))

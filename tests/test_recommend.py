@@ -130,6 +130,17 @@ def test_a_proven_optimum_stops_the_portfolio(tmp_path):
     assert any(r["status"] == "optimal" for r in result.records)
 
 
+def test_a_whole_table_optimum_does_not_stop_a_split_portfolio():
+    # One table much heavier than the rest: best-greedy's whole-table plan is optimal among whole-table
+    # plans at once, yet splitting that table does better, and the split member must be waited for.
+    instance = make_instance([(64, 16, 50.0)] + [(10, 4, 1.0)] * 6, 4, 10**6, types=SHARDING_TYPES)
+    result = run_portfolio(instance, "lookup", 2.0, ["split-greedy"])
+    whole = run_solver("best-greedy", instance.restricted_to(("table_wise",)), get_oracle("lookup"), Budget(2.0), 0)
+    assert whole.status.value == "optimal"
+    assert result.solver == "split-greedy" and result.objective < whole.objective * 0.9
+    assert not result.stopped_early
+
+
 def test_whole_table_bounds_do_not_bound_a_split_plan():
     instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
     result = run_portfolio(instance, "lookup", 1.0, ["split-greedy"])
