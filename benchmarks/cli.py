@@ -38,10 +38,10 @@ from solvers import (
     solver_names,
 )
 
-from .distributed import RayUnavailableError
-from .recommend import RecommenderError
 from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
+from .distributed import RayUnavailableError
 from .metrics import gap_to_bound
+from .recommend import RecommenderError
 from .rows_cli import add_commands as add_row_commands
 from .store import StoreError
 from .suite import MAX_WORKERS
@@ -117,19 +117,30 @@ def _cmd_import_torchrec(args: argparse.Namespace) -> int:
     return 0
 
 
+def torchrec_sidecar(output: str) -> str:
+    """Where the readable JSON of a ShardingPlan written to `output` goes by default."""
+    return str(Path(output).with_suffix(".sharding.json"))
+
+
+def save_torchrec(sharding_plan, output: str, sidecar: str) -> None:
+    """A TorchRec ShardingPlan (torch.save) and, at `sidecar`, its readable per-table ParameterSharding."""
+    from interop.torchrec import readable
+
+    save_torch_atomic(sharding_plan, output)
+    write_json_atomic(sidecar, readable(sharding_plan))
+
+
 def _cmd_export_torchrec(args: argparse.Namespace) -> int:
-    from interop.torchrec import readable, to_torchrec
+    from interop.torchrec import to_torchrec
 
     check_output_path(args.output, "-o")
-    sidecar = args.json or str(Path(args.output).with_suffix(".sharding.json"))
+    sidecar = args.json or torchrec_sidecar(args.output)
     check_output_path(sidecar, "--json")
     if len({Path(p).resolve() for p in (args.plan, args.output, sidecar)}) < 3:
         raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    sharding_plan = to_torchrec(instance, plan, device_type=args.device_type)
-    save_torch_atomic(sharding_plan, args.output)
-    write_json_atomic(sidecar, readable(sharding_plan))
+    save_torchrec(to_torchrec(instance, plan, device_type=args.device_type), args.output, sidecar)
     print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
           f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
     return 0
@@ -288,7 +299,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_output_path(args.output, "-o")
     if args.torchrec_out:
         check_output_path(args.torchrec_out, "--torchrec-out")
-        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, Path(args.torchrec_out).with_suffix(".sharding.json"))}
+        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, torchrec_sidecar(args.torchrec_out))}
         if len(outputs) < 3 or Path(args.instance).resolve() in outputs:
             raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plan or each other")
     from .portfolio import SAFETY_NET, run_portfolio
@@ -318,7 +329,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_NO_PLAN
     sharding_plan = None
     if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
-        from interop.torchrec import readable, to_torchrec
+        from interop.torchrec import to_torchrec
 
         sharding_plan = to_torchrec(instance, result.plan)
     oracle = get_oracle(args.oracle)
@@ -331,10 +342,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         "wall_seconds": result.wall_s, "sharding_types": list(instance.sharding_types)})
     print(f"plan written to {args.output}")
     if sharding_plan is not None:
-        save_torch_atomic(sharding_plan, args.torchrec_out)
-        sidecar = str(Path(args.torchrec_out).with_suffix(".sharding.json"))
-        write_json_atomic(sidecar, readable(sharding_plan))
-        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar})")
+        save_torchrec(sharding_plan, args.torchrec_out, torchrec_sidecar(args.torchrec_out))
+        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {torchrec_sidecar(args.torchrec_out)})")
     return 0
 
 

@@ -16,9 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from instances.io import write_text_atomic
-
-from .leaderboard import update_readme_block
+from .leaderboard import publish_report
 from .runner import kill_deadline, run_suite
 from .store import read_records
 from .suite import load_suite
@@ -82,11 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         store = RESULTS / f"{name}.jsonl"
         if store.exists():
             lines.append(speedups(store, overhead["ray"]))
-    text = "\n".join(lines)
-    write_text_atomic(RESULTS / "executors.md", text + "\n")
-    print(text)
-    if args.readme:
-        update_readme_block(Path(args.readme), "executors", text)
+    publish_report("\n".join(lines), RESULTS / "executors.md", args.readme, "executors")
     return 0
 
 

@@ -4,11 +4,14 @@ mean ± std of the metrics over the cells that produced a plan, next to counts o
 under several sharding settings, each row also shows its plans against the best plan of any setting."""
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from instances.io import write_text_atomic
 
 from .analysis import (
     INSTANCE_SETTING,
@@ -185,6 +188,14 @@ def update_readme_block(readme: Path, block_name: str, content: str) -> bool:
     _, tail = rest.split(end, 1)
     readme.write_text(f"{head}{start}\n{content}\n{end}{tail}")
     return True
+
+
+def publish_report(text: str, path: Path, readme: str | None, block_name: str) -> None:
+    """Writes a report to its results file, prints it, and refreshes its README block when asked."""
+    write_text_atomic(path, text.rstrip("\n") + "\n")
+    print(text)
+    if readme and not update_readme_block(Path(readme), block_name, text.strip()):
+        print(f"warning: {readme} has no leaderboard:{block_name} block; not updated", file=sys.stderr)
 
 
 def sweep_table(named_records: list[tuple[str, list[dict]]], metric: str = "speedup") -> str:

@@ -50,7 +50,7 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
         cells.append(Cell(instance, name, oracle_name, budget, seed, oracle_name, setting, kill_deadline(budget)))
     # A whole-table member's optimum (or bound) is one of the whole-table problem only: below it a split
     # plan may lie, so it neither stops the others nor bounds the posed problem.
-    whole_only = all(instance.allowed_types(t) == ("table_wise",) for t in instance.tables)
+    whole_only = not instance.allows_splits
 
     def posed(record: dict) -> bool:
         return whole_only or record["sharding"] == INSTANCE_SETTING

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 
 from instances import load_instances
-from instances.io import write_json_atomic, write_text_atomic
+from instances.io import write_json_atomic
 
 from .analysis import TABLE_WISE_SETTING
-from .leaderboard import update_readme_block
+from .leaderboard import publish_report
 from .portfolio import run_portfolio
 from .recommend import (
     NO_PLAN_REGRET,
@@ -26,7 +26,6 @@ from .recommend import (
     Rules,
     applicable,
     family_suites,
-    leave_one_family_out,
     refit,
 )
 from .suite import load_suite
@@ -124,11 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["#### Planner choice", "", *evaluation_lines(rules, evaluations)]
     if not args.skip_plan:
         lines += ["", *plan_lines(rules)]
-    text = "\n".join(lines)
-    write_text_atomic(RESULTS, text + "\n")
-    print(text)
-    if args.readme:
-        update_readme_block(Path(args.readme), "recommend", text)
+    publish_report("\n".join(lines), RESULTS, args.readme, "recommend")
     return 0
 
 

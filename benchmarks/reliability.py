@@ -24,12 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from instances import save_instance_set
-from instances.io import write_text_atomic
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 
 from .cli import main
 from .fuzz import MUTATIONS, TARGETS, mutate, run_case
-from .leaderboard import leaderboard_rows, update_readme_block
+from .leaderboard import leaderboard_rows, publish_report
 from .store import cell_key, read_records
 
 RESULTS = Path(__file__).parent / "results" / "reliability.md"
@@ -257,10 +256,7 @@ def main_report(argv: list[str] | None = None) -> int:
     text = "\n\n".join("\n".join(s) for s in sections)
     text = (f"#### Reliability report\n\n`python -m benchmarks.reliability --seeds {args.seeds} --kills {args.kills}` "
             f"({elapsed / 60:.0f} min on this machine).\n\n{text}\n")
-    write_text_atomic(RESULTS, text)
-    print(text)
-    if args.readme:
-        update_readme_block(Path(args.readme), "reliability", text.strip())
+    publish_report(text, RESULTS, args.readme, "reliability")
     return 0 if tried == handled else 1
 
 

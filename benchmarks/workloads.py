@@ -40,15 +40,18 @@ class Features:
 
 
 def workload_features(instance: Instance, oracle_name: str, budget: float) -> Features:
-    additive = oracle_is_additive(oracle_name)  # an unknown name fails here
     # Skew and split share are coarse features: for a costly oracle, lookup work is their measure, so that
     # a question is answered in well under a second.
-    costs_from = get_oracle(PROXY_ORACLE if is_costly(oracle_name) else oracle_name)
+    if is_costly(oracle_name):
+        additive, costs_from = oracle_is_additive(oracle_name), get_oracle(PROXY_ORACLE)
+    else:
+        costs_from = get_oracle(oracle_name)  # an unknown name fails here
+        additive = costs_from.additive
     costs = np.asarray(costs_from.single_table_costs(instance), dtype=float)
     balanced = costs.sum() / instance.num_devices
     memory = float(sum(instance.table_memory()))
     capacity = float(instance.topology.memory_bytes) * instance.num_devices
-    splittable = np.array([any(t != "table_wise" for t in instance.allowed_types(table)) for table in instance.tables])
+    splittable = np.array([instance.may_split(table) for table in instance.tables])
     worth = costs >= SPLIT_WORTH_SHARE * balanced if balanced > 0 else np.zeros(len(costs), dtype=bool)
     mean = costs.mean()
     return Features(tables=instance.num_tables, devices=instance.num_devices, nodes=instance.topology.nodes,

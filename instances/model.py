@@ -255,6 +255,14 @@ class Instance:
             return self.sharding_types
         return tuple(t for t in self.sharding_types if t in table.sharding_types)
 
+    def may_split(self, table: Table) -> bool:
+        """Whether `table` may take another sharding type than table-wise."""
+        return any(t != "table_wise" for t in self.allowed_types(table))
+
+    @property
+    def allows_splits(self) -> bool:
+        return any(self.may_split(t) for t in self.tables)
+
     def restricted_to(self, types: Sequence[str] | None) -> "Instance":
         """The same instance allowing only those of its sharding types that are in `types` (None: as is).
         Not validated: a table left with no type is for the solver to report."""

@@ -460,11 +460,9 @@ def planner_solver(problem, budget, seed):
     others; its planning time and its own rating of the plan are kept in the stats."""
     import time
 
-    from solvers.base import SolveResult, Status
-
     from torchrec.distributed.planner.types import PlannerError
 
-    from solvers.base import Cause, NoPlan
+    from solvers.base import Cause, NoPlan, SolveResult, Status
 
     started = time.monotonic()
     try:

@@ -51,7 +51,7 @@ class Problem:
     @property
     def splits(self) -> bool:
         """Whether any table may take another option than table-wise."""
-        return any(set(self.instance.allowed_types(t)) - {TABLE_WISE} for t in self.instance.tables)
+        return self.instance.allows_splits
 
     @cached_property
     def whole_tables(self) -> "Problem":
