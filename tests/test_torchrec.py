@@ -120,7 +120,10 @@ def test_export_round_trips_every_sharding_type_and_keeps_table_names_and_sizes(
     sizes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
     assert sizes == {t.name: (t.rows, t.dim) for t in instance.tables}
     assert set(sharding_plan.plan[""]) == set(sizes)
-    assert sharding_plan.plan[""]["t0"].compute_kernel == "fused"  # not "dense", TorchRec's table_wise pitfall
+    # The kernel exported is the kernel priced: "fused" for every model-parallel type (TorchRec's table_wise
+    # and table_row_wise helpers fall back to "dense" unless told), "dense" for data-parallel.
+    kernels = {name: sharding.compute_kernel for name, sharding in sharding_plan.plan[""].items()}
+    assert kernels == {"t0": "fused", "t1": "fused", "t2": "fused", "t3": "fused", "t4": "dense"}
 
 
 def test_a_plan_not_cut_the_torchrec_way_is_refused(tmp_path, capsys):
