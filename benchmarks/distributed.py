@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runner import Cell
+    from .cells import Cell
 
 # Beyond its own deadline (enforced inside the worker, which kills the cell's process group), a cell's task
 # gets this long before the driver cancels the task itself: a worker that hangs outside the cell.
@@ -64,7 +64,7 @@ def _check_reachable(address: str) -> None:
 
 def _run_one_cell(cell: Cell) -> dict:
     """In a Ray worker: the cell under the local runner (its own process, deadline, process-group kill)."""
-    from .runner import run_cells
+    from .cells import run_cells
 
     records: list[dict] = []
     run_cells([cell], 1, records.append)
@@ -77,7 +77,7 @@ def run_cells_ray(cells: list[Cell], workers: int | None, on_record: Callable[[d
     `workers` tasks are in flight (default: the cluster's CPUs), so a task starts when it is submitted and
     the driver's deadline is a safety net over the worker's own. A task that dies becomes an error row,
     one cancelled at the driver's deadline a timeout row."""
-    from .runner import cell_deadline, error_record
+    from .cells import cell_deadline, error_record
 
     with ray_session(address, workers) as ray:
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0

@@ -16,8 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
+from shardbench.isolation import kill_deadline
+
 from .leaderboard import publish_report
-from .runner import kill_deadline, run_suite
+from .runner import run_suite
 from .store import read_records
 from .suite import load_suite
 

@@ -16,20 +16,14 @@ import numpy as np
 from instances import load_instances
 from instances.io import write_json_atomic
 
+from shardbench.portfolio import run_portfolio
+from shardbench.recommend import NO_PLAN_REGRET, RULES_PATH, WITHIN, Rules, applicable
+from shardbench.workloads import workload_features
+
 from .analysis import TABLE_WISE_SETTING
 from .leaderboard import publish_report
-from .portfolio import run_portfolio
-from .recommend import (
-    NO_PLAN_REGRET,
-    RULES_PATH,
-    WITHIN,
-    Rules,
-    applicable,
-    family_suites,
-    refit,
-)
+from .refit import family_suites, refit
 from .suite import load_suite
-from .workloads import workload_features
 
 RESULTS = Path(__file__).parent / "results" / "recommend.md"
 NAIVE = ("cpsat", "local-search", "lpt")

@@ -25,8 +25,8 @@ import numpy as np
 
 from instances import save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
+from shardbench.cli import main
 
-from .cli import main
 from .fuzz import MUTATIONS, TARGETS, mutate, run_case
 from .leaderboard import leaderboard_rows, publish_report
 from .store import cell_key, read_records
@@ -78,7 +78,7 @@ def _suite(folder: Path, solvers: list[str], oracles=("lookup", "size"), time_li
 
 
 def _bench(suite: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.cli", "bench", str(suite)],
+    return subprocess.Popen([sys.executable, "-m", "shardbench.cli", "bench", str(suite)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

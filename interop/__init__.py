@@ -1,10 +1,12 @@
-"""Adapters at the edge of the suite: other tools' objects in and out. Importing this package plugs
+"""Adapters at the edge of the suite: other tools' objects in and out, one module per job (importer,
+export, oracle, peer; common holds TorchRec's objects for an instance). Importing this package plugs
 TorchRec's estimator into the oracle registry (`torchrec`) and its planner into the solver registry
 (`torchrec-planner`); torchrec itself loads only when one of them is used."""
 from costmodels import register_oracle
 from solvers.base import register
 
-from .torchrec import TorchRecOracle, planner_solver
+from .oracle import TorchRecOracle
+from .peer import planner_solver
 
 register_oracle("torchrec", TorchRecOracle, costly_additive=True)
 register("torchrec-planner", "TorchRec's EmbeddingShardingPlanner (default proposers, HBM kernels): its plan as ours; "

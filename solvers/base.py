@@ -164,6 +164,14 @@ class ClaimError(AssertionError):
     cause that does not check out): a defect of that solver, turned into an error row by the runner."""
 
 
+def incompatibility(info: SolverInfo, oracle_additive: bool) -> str | None:
+    """Why the solver cannot plan under an oracle (None when it can): the one compatibility rule, asked by
+    run_solver, the portfolio, the suites and the recommender alike."""
+    if info.needs_additive and not oracle_additive:
+        return f"solver {info.name!r} needs an additive oracle"
+    return None
+
+
 def _join(reason: str, more: str) -> str:
     return f"{reason}; {more}" if reason else more
 
@@ -175,8 +183,9 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     Claims that fail are downgraded (optimal → feasible, unproven infeasible → no plan) or raised."""
     info = get_solver(name)
     seed = check_seed(seed)
-    if info.needs_additive and not oracle.additive:
-        raise SolverOracleMismatch(f"solver {name!r} needs an additive oracle; {oracle.name!r} is not additive")
+    mismatch = incompatibility(info, oracle.additive)
+    if mismatch:
+        raise SolverOracleMismatch(f"{mismatch}; {oracle.name!r} is not additive")
     problem = Problem(instance, oracle)
     proof = memory_infeasibility(problem)
     if proof:

@@ -16,6 +16,13 @@ from .candidates import Candidates
 LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-device rows of pinned options
 
 
+def gap_to_bound(objective: float, bound: float) -> float:
+    """Relative excess over a lower bound: 0 means proven optimal."""
+    if bound <= 0:
+        return 0.0 if objective <= 0 else float("inf")
+    return float(objective / bound - 1.0)
+
+
 def average_bound(costs: np.ndarray, num_devices: int) -> float:
     """max(Σc / K, max c) for whole tables of costs c: some device carries at least the average, and the
     largest table sits somewhere."""

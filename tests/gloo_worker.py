@@ -23,7 +23,7 @@ def worker(rank: int, world: int, instance_path: str, plan_path: str, port: str,
         from torchrec.distributed.types import ShardingEnv
 
         from instances import load_instance
-        from interop.torchrec import torchrec_module, torchrec_sharder
+        from interop.common import torchrec_module, torchrec_sharder
 
         instance = load_instance(instance_path)
         module = torchrec_module(instance)

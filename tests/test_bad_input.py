@@ -5,7 +5,7 @@ from conftest import examples
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.cli import main
+from shardbench.cli import main
 from benchmarks.fuzz import KINDS, MUTATIONS, TARGETS, mutate, run_case
 
 CASES = [(target, mutation) for target in TARGETS for mutation in MUTATIONS]

@@ -5,7 +5,7 @@ import time
 import pytest
 from conftest import make_instance
 
-from benchmarks.cli import main
+from shardbench.cli import main
 from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
 from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
 from benchmarks.runner import run_suite
@@ -69,7 +69,7 @@ def small_set(tmp_path):
 
 def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, monkeypatch, misbehaving_solvers):
     # Long enough that a cell that dies or cheats gets to do so on a loaded machine; the hanging ones wait it out.
-    monkeypatch.setattr("benchmarks.runner.kill_deadline", lambda limit: 10.0)
+    monkeypatch.setattr("benchmarks.cells.kill_deadline", lambda limit: 10.0)
     suite = load_suite(_write_suite(tmp_path, ["lpt", *misbehaving_solvers]))
     start = time.monotonic()
     records = run_suite(suite, quiet=True)

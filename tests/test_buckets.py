@@ -7,7 +7,7 @@ from conftest import examples
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.cli import main
+from shardbench.cli import main
 from instances import Instance, Table, Topology, Workload, save_instance
 from instances.model import BucketSpec, RowDistribution
 from solvers.buckets import (

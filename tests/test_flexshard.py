@@ -8,7 +8,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import solvers.flexshard as flexshard_module
-from benchmarks.cli import main
+from shardbench.cli import main
 from costmodels.flexshard import (
     FlexParams,
     breakpoint,

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import costmodels.measured as measured_module
-from benchmarks.cli import main
+from shardbench.cli import main
 from costmodels.analytic import AnalyticOracle
 from costmodels.dataset import combinations, table_features
 from costmodels.measured import (

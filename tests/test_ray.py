@@ -17,7 +17,8 @@ ray = pytest.importorskip("ray")
 
 from benchmarks.distributed import ray_map, run_cells_ray  # noqa: E402
 from benchmarks.metrics import degree_of_balance  # noqa: E402
-from benchmarks.runner import Cell, run_suite  # noqa: E402
+from benchmarks.cells import Cell  # noqa: E402
+from benchmarks.runner import run_suite  # noqa: E402
 from benchmarks.store import cell_key, read_records  # noqa: E402
 from benchmarks.suite import load_suite  # noqa: E402
 from instances import save_instance_set  # noqa: E402
@@ -115,7 +116,7 @@ def test_a_killed_ray_sweep_resumes_without_loss(tmp_path):
     before = _ray_pids()
     reference = run_suite(load_suite(_suite(tmp_path / "reference")), quiet=True)
     suite = _suite(tmp_path / "killed")
-    command = [sys.executable, "-m", "benchmarks.cli", "bench", str(suite), "--executor", "ray", "--workers", "2"]
+    command = [sys.executable, "-m", "shardbench.cli", "bench", str(suite), "--executor", "ray", "--workers", "2"]
     env = {**os.environ, "RAY_AUTH_MODE": "disabled"}
     store = suite.parent / "out" / "r.jsonl"
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
@@ -157,7 +158,7 @@ def test_measure_fans_out_and_resumes_by_id(tmp_path, cluster):
 
 
 def test_ray_executor_flags_are_checked(tmp_path, capsys):
-    from benchmarks.cli import main
+    from shardbench.cli import main
 
     suite = _suite(tmp_path)
     assert main(["bench", str(suite), "--address", "127.0.0.1:1"]) == 2

@@ -8,20 +8,13 @@ import numpy as np
 import pytest
 from conftest import make_instance
 
-from benchmarks.cli import main
-from benchmarks.portfolio import run_portfolio
-from benchmarks.recommend import (
-    NO_PLAN_REGRET,
-    Rules,
-    Workload,
-    applicable,
-    collect_evidence,
-    leave_one_family_out,
-    rule_key,
-)
+from shardbench.cli import main
+from shardbench.portfolio import run_portfolio
+from benchmarks.refit import collect_evidence, leave_one_family_out
 from benchmarks.runner import run_suite
 from benchmarks.suite import load_suite
-from benchmarks.workloads import Features, workload_features
+from shardbench.recommend import NO_PLAN_REGRET, Rules, Workload, applicable, rule_key
+from shardbench.workloads import Features, workload_features
 from costmodels import get_oracle
 from instances import load_plan, save_instance, save_instance_set
 from instances.model import SHARDING_TYPES
@@ -127,7 +120,7 @@ def test_a_proven_optimum_stops_the_portfolio(tmp_path):
     instance = make_instance([(10, 4, 1.0), (10, 4, 1.0)], 2, 10**6)
     result = run_portfolio(instance, "lookup", 30.0, ["local-search", "lpt"])
     assert result.plan is not None and result.wall_s < 20
-    assert any(r["status"] == "optimal" for r in result.records)
+    assert any(m.status == "optimal" for m in result.members)
 
 
 def test_a_whole_table_optimum_does_not_stop_a_split_portfolio():

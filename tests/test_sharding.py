@@ -10,7 +10,7 @@ from conftest import examples, make_table
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.cli import main
+from shardbench.cli import main
 from costmodels import get_oracle
 from instances import (
     SHARDING_TYPES,
@@ -44,7 +44,7 @@ from solvers import (
     run_solver,
     solver_names,
 )
-from solvers.base import OPTIMALITY_TOLERANCE
+from solvers.base import OPTIMALITY_TOLERANCE, incompatibility
 
 SPLITTING = [n for n in solver_names() if get_solver(n).splits]
 ALL_PLACEMENT = [n for n in solver_names() if not n.endswith("-rl") and not n.endswith("-rl+ls")]
@@ -299,7 +299,7 @@ def test_every_plan_of_every_solver_tiles_every_table_and_fits_memory(instance, 
     oracle = get_oracle(oracle_name)
     for name in ALL_PLACEMENT:
         info = get_solver(name)
-        if info.needs_additive and not oracle.additive:
+        if incompatibility(info, oracle.additive):
             continue
         result = run_solver(name, instance, oracle, QUICK, 0)
         if not result.has_plan:

@@ -32,7 +32,7 @@ def _suite(folder: Path, solvers=SOLVERS, time_limit=1, name="faults") -> Path:
 
 
 def _bench(suite: Path, *extra) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.cli", "bench", str(suite), *extra],
+    return subprocess.Popen([sys.executable, "-m", "shardbench.cli", "bench", str(suite), *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 

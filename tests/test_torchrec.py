@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import benchmarks  # noqa: F401  (plugs the TorchRec adapters into the registries)
-from benchmarks.cli import main
+from shardbench.cli import main
 from costmodels import get_oracle
 from instances import (
     Instance,
@@ -24,14 +24,10 @@ from instances import (
     save_instance,
 )
 from instances.sharding import row_cuts
-from interop.torchrec import (
-    STORAGE_RESERVE,
-    from_torchrec,
-    from_torchrec_plan,
-    plan_with_torchrec,
-    to_torchrec,
-    torchrec_module,
-)
+from interop.common import STORAGE_RESERVE, torchrec_module
+from interop.export import from_torchrec_plan, to_torchrec
+from interop.importer import from_torchrec
+from interop.peer import plan_with_torchrec
 from solvers import Budget, run_solver
 
 warnings.filterwarnings("ignore")

@@ -3,30 +3,26 @@ sharding setting) of the `workloads-*` stores is a workload; each solver's regre
 over the best any solver found (a missing plan counts as NO_PLAN_REGRET). The model is a rule table:
 workloads are grouped by a key of coarse feature classes, and each group ranks the solvers by mean regret
 (then by misses, then by time); a question whose key the evidence lacks falls back to a coarser key, then
-to its nearest workloads. Two key granularities compete; the one with the lower held-out regret ships."""
+to its nearest workloads. Two key granularities compete; the one with the lower held-out regret ships
+(`benchmarks.refit` collects the evidence and chooses)."""
 from __future__ import annotations
 
 import json
 import math
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from instances import InstanceError, load_instances
+from instances import InstanceError
 from instances.io import read_text
 from solvers import get_solver
+from solvers.base import incompatibility
 
-from .analysis import INSTANCE_SETTING, TABLE_WISE_SETTING, setting_of
-from .store import read_records
-from .suite import load_suite
-from .workloads import Features, budget_class, log_distance, size_class, workload_features
+from .workloads import Features, budget_class, log_distance, size_class
 
 RULES_PATH = Path(__file__).parent / "data" / "recommender.json"
-SUITES_DIR = Path(__file__).parent / "suites"
-FAMILY_PREFIX = "workloads-"
 NO_PLAN_REGRET = 1.0      # a solver without a plan on a workload counts as 100 % off the best
 WITHIN = 0.01             # "within 1 % of the per-instance best"
 PORTFOLIO_SIZE = 2        # solvers run side by side by `plan` (the cores of the machines we target)
@@ -76,52 +72,7 @@ class Workload:
 
 
 def applicable(solver: str, features: Features) -> bool:
-    info = get_solver(solver)
-    return not (info.needs_additive and not features.additive) and solver not in EXCLUDED
-
-
-# ------------------------------------------------------------------ evidence
-
-
-def family_suites(directory: Path = SUITES_DIR) -> list[Path]:
-    return sorted(directory.glob(f"{FAMILY_PREFIX}*.toml"))
-
-
-def collect_evidence(suite_paths: Iterable[Path]) -> list[Workload]:
-    """Workloads of the suites' stores. A whole-table solver's plan is a plan of the split problem too, so
-    it competes in both settings; a splitting solver's only in its own."""
-    workloads = []
-    for path in suite_paths:
-        suite = load_suite(path)
-        if not suite.results.exists():
-            raise RecommenderError(f"{suite.results}: no results store for suite {suite.name} (run it first)")
-        try:
-            records = read_records(suite.results)
-        except (ValueError, OSError) as exc:
-            raise RecommenderError(f"{suite.results}: {exc}") from exc
-        if not records:
-            raise RecommenderError(f"{suite.results}: the store is empty")
-        instances = {i.id: i for i in load_instances(suite.instances)}
-        groups: dict[tuple, dict] = defaultdict(dict)
-        for r in records:
-            if r["solver"] in EXCLUDED or r["instance"] not in instances:
-                continue
-            entry = {"objective": r.get("objective"), "time": float(r["solve_time"]), "status": r["status"]}
-            setting = setting_of(r)
-            settings = [setting] if get_solver(r["solver"]).splits else [TABLE_WISE_SETTING, INSTANCE_SETTING]
-            for s in settings:
-                if s in suite.sharding:
-                    groups[(r["instance"], r["oracle"], float(r["time_limit"]), s)][r["solver"]] = entry
-        for (instance_id, oracle, budget, setting), results in sorted(groups.items()):
-            # Every workload is kept, planless ones too: the report counts them (rank() leaves them out).
-            instance = instances[instance_id]
-            if setting == TABLE_WISE_SETTING:
-                instance = instance.restricted_to(("table_wise",))
-            workloads.append(Workload(suite.name, instance_id, oracle, budget, setting,
-                                      workload_features(instance, oracle, budget), results))
-    if not workloads:
-        raise RecommenderError("no workloads in the evidence")
-    return workloads
+    return incompatibility(get_solver(solver), features.additive) is None and solver not in EXCLUDED
 
 
 # ------------------------------------------------------------------ the rule table
@@ -253,35 +204,3 @@ def _rules_problem(data) -> str | None:
                 and (r.get("objective") is None or _number(r.get("objective"))) for r in results.values()):
             return f"{where}.results: each solver needs a status, a time and an objective (or null)"
     return None
-
-
-# ------------------------------------------------------------------ held-out evaluation
-
-
-def leave_one_family_out(workloads: list[Workload], granularity: str) -> list[dict]:
-    """Per held-out workload: the recommended solver's and portfolio's regret and time, fitted without
-    the workload's family."""
-    rows = []
-    for family in sorted({w.family for w in workloads}):
-        rules = Rules.fit([w for w in workloads if w.family != family], granularity)
-        for w in (w for w in workloads if w.family == family and w.best is not None):
-            chosen = rules.portfolio(w.features)
-            rows.append({"family": family, "workload": w, "solver": chosen[0], "regret": w.regret(chosen[0]),
-                         "portfolio": chosen, "portfolio_regret": min(w.regret(s) for s in chosen),
-                         "time": w.time(chosen[0])})
-    return rows
-
-
-def choose_granularity(workloads: list[Workload]) -> tuple[str, dict]:
-    """The granularity with the lower mean held-out regret (ties: coarse), and both evaluations."""
-    evaluations = {g: leave_one_family_out(workloads, g) for g in GRANULARITIES}
-    score = {g: float(np.mean([r["regret"] for r in rows])) for g, rows in evaluations.items()}
-    return min(GRANULARITIES, key=lambda g: (score[g], GRANULARITIES.index(g))), evaluations
-
-
-def refit(suite_paths: Iterable[Path]) -> tuple[Rules, dict]:
-    workloads = collect_evidence(suite_paths)
-    if len({w.family for w in workloads}) < 2:
-        raise RecommenderError("refitting needs the stores of at least two workload families")
-    granularity, evaluations = choose_granularity(workloads)
-    return Rules.fit(workloads, granularity), evaluations

@@ -1,0 +1,224 @@
+"""The benchmark harness's commands of the `shardbench` CLI: run a suite, measure a cost dataset, train
+learned components, summarise sweeps and refit the planner-choice rules. The product's CLI
+(shardbench.cli) attaches them with `add_commands`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from instances import InstanceError, load_instances
+from instances.io import check_output_path, write_json_atomic, write_text_atomic
+from shardbench.args import POSITIVE, SEED, TIME_LIMIT, number
+from solvers import BudgetError
+
+from .distributed import RayUnavailableError
+from .store import StoreError
+from .suite import MAX_WORKERS, SuiteError
+
+ERRORS = (StoreError, SuiteError, RayUnavailableError)  # bad input of these commands: one line, exit 2
+
+
+def _cmd_refit_recommender(args: argparse.Namespace) -> int:
+    from shardbench.recommend import RULES_PATH
+
+    from .refit import family_suites, refit
+
+    check_output_path(args.output or str(RULES_PATH), "-o")
+    suites = [Path(p) for p in args.suites] or family_suites()
+    rules, evaluations = refit(suites)
+    out = Path(args.output) if args.output else RULES_PATH
+    write_json_atomic(out, rules.to_dict())
+    for granularity, rows in evaluations.items():
+        regrets = np.array([r["regret"] for r in rows])
+        print(f"{granularity}: held-out (leave one family out) regret mean {regrets.mean():.2%}, within 1 % on "
+              f"{(regrets <= 0.01).sum()}/{len(rows)}, worst {regrets.max():.2%}")
+    print(f"{len(rules.evidence)} workloads from {len(suites)} suites; {rules.granularity} rules "
+          f"({len(rules.table)} keys) written to {out}")
+    return 0
+
+
+def _executor_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    parser.add_argument("--executor", choices=("local", "ray"), default="local",
+                        help=f"local: a process per {unit} on this machine; ray: a Ray task per {unit}")
+    parser.add_argument("--address", help="ray: the cluster to join (default: start a local instance)")
+
+
+def _check_executor(args: argparse.Namespace) -> None:
+    if args.address is not None and args.executor != "ray":
+        raise BudgetError("--address: only with --executor ray")
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from .leaderboard import leaderboard_markdown, leaderboard_plot, update_readme_block
+    from .runner import run_suite
+    from .suite import load_suite
+
+    _check_executor(args)
+    suite = load_suite(args.suite)
+    records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor, address=args.address)
+    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
+    markdown = leaderboard_markdown(records, title)
+    write_text_atomic(suite.leaderboard_path, markdown + "\n")
+    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    print(markdown)
+    print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
+    if args.readme and not update_readme_block(Path(args.readme), suite.name, markdown):
+        print(f"warning: {args.readme} has no leaderboard:{suite.name} block; not updated", file=sys.stderr)
+    return 0
+
+
+def _cmd_measure(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
+    _check_executor(args)
+    from functools import partial
+
+    from rich.progress import Progress
+
+    from costmodels.dataset import collect
+    from costmodels.measured import Protocol
+
+    protocol = Protocol(batch=args.batch, seed=args.seed, max_rows=args.max_rows)
+    run_many = None
+    if args.executor == "ray":
+        from .distributed import ray_map
+
+        run_many = partial(ray_map, address=args.address, workers=args.workers)
+    with Progress() as bar:
+        task = bar.add_task("measuring", total=args.combos)
+        written = collect(Path(args.out), args.combos, args.max_tables, args.batch, args.seed, protocol,
+                          progress=lambda n: bar.update(task, completed=n), run_many=run_many)
+    print(f"measured {written} new combinations into {args.out}")
+    return 0
+
+
+def _cmd_train_costmodel(args: argparse.Namespace) -> int:
+    check_output_path(args.out, "--out")
+    from rich.progress import Progress
+
+    from costmodels.dataset import load_dataset
+    from costmodels.neural import train
+
+    records = load_dataset(args.dataset)
+    if not records:
+        raise InstanceError(args.dataset, "the dataset holds no records")
+    with Progress() as bar:
+        task = bar.add_task(f"training {args.model}", total=args.epochs)
+        try:
+            model, metrics = train(records, args.model, epochs=args.epochs, seed=args.seed,
+                                   progress=lambda e: bar.update(task, completed=e))
+        except ValueError as exc:  # a dataset that parses but cannot be learned from (one split empty, ...)
+            raise InstanceError(args.dataset, str(exc)) from exc
+    model.save(Path(args.out))
+    for split, m in metrics.items():
+        print(f"{split}: MAE {m['mae_s'] * 1e3:.3f} ms, MAPE {m['mape']:.2%}, R² {m['r2']:.4f}, "
+              f"Kendall τ {m['kendall_tau']:.4f} ({m['count']} combinations)")
+    print(f"weights and normalisation written to {args.out}")
+    return 0
+
+
+def _cmd_train_policy(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from costmodels import get_oracle
+    from costmodels.neural import TrainedModel, shipped_model_path
+    from solvers.rl import plot_training, save_policy, shipped_policy_path, train_policy
+
+    from .suite import load_suite
+
+    suite = load_suite(args.suite)
+    tasks = load_instances(suite.instances)
+    cost_model = Path(args.cost_model) if args.cost_model else shipped_model_path(f"neural-{args.algo}")
+    model = TrainedModel.load(cost_model)
+    real = get_oracle(args.real_oracle) if args.algo == "dreamshard" and args.real_oracle != "none" else None
+    out = Path(args.out) if args.out else shipped_policy_path(args.algo)
+    with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()) as bar:
+        task = bar.add_task(f"training {args.algo}", total=args.time_budget)
+        policy, log = train_policy(args.algo, tasks, model, args.time_budget, args.seed, real_oracle=real,
+                                   progress=lambda lg: bar.update(task, completed=min(lg.seconds[-1], args.time_budget),
+                                                                  description=f"{args.algo}: reward {lg.mean_reward[-1]:.3f}"))
+    curve = Path(args.curve) if args.curve else out.with_suffix(".png")
+    plot_training(log, curve, f"{args.algo} on {suite.name}")
+    save_policy(policy, args.algo, model, out, {"suite": suite.name, "tasks": len(tasks), "seed": args.seed,
+                                                "time_budget": args.time_budget, "episodes": log.episodes[-1],
+                                                "training_seconds": log.seconds[-1],
+                                                "real_rollouts": log.real_rollouts})
+    first, last = np.mean(log.mean_reward[:10]), np.mean(log.mean_reward[-10:])
+    print(f"{log.episodes[-1]} episodes in {log.seconds[-1]:.0f} s; mean reward {first:.4f} (first 10 updates) -> "
+          f"{last:.4f} (last 10); {log.real_rollouts} real-oracle rollouts")
+    print(f"policy written to {out}; training curve {curve}")
+    return 0
+
+
+def _cmd_summarize(args: argparse.Namespace) -> int:
+    from .leaderboard import sweep_table
+    from .store import read_records
+    from .suite import load_suite
+
+    named = []
+    for path in args.suites:
+        suite = load_suite(path)
+        if not suite.results.exists():
+            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+        named.append((suite.name, read_records(suite.results)))
+    if args.output:
+        check_output_path(args.output, "-o")
+    table = sweep_table(named, args.metric)
+    print(table)
+    if args.output:
+        write_text_atomic(args.output, f"{args.title}\n\n{table}\n" if args.title else table + "\n")
+    return 0
+
+
+def add_commands(sub) -> None:
+    refit_parser = sub.add_parser("refit-recommender", help="refit the planner-choice rules from workloads-* stores")
+    refit_parser.add_argument("suites", nargs="*", help="suite files (default: benchmarks/suites/workloads-*.toml)")
+    refit_parser.add_argument("-o", "--output", help="rules file (default: the shipped one)")
+    refit_parser.set_defaults(func=_cmd_refit_recommender)
+
+    bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
+    bench.add_argument("suite")
+    bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
+    bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
+    bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
+    _executor_arguments(bench, "cell")
+    bench.set_defaults(func=_cmd_bench)
+
+    measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)")
+    measure.add_argument("--combos", type=POSITIVE, default=2000)
+    measure.add_argument("--max-tables", type=POSITIVE, default=15)
+    measure.add_argument("--batch", type=POSITIVE, default=4096)
+    measure.add_argument("--seed", type=SEED, default=0)
+    measure.add_argument("--max-rows", type=POSITIVE, default=1 << 18, help="CPU: rows allocated per table at most")
+    measure.add_argument("--out", required=True, help="JSON-lines dataset (appended to; a rerun resumes)")
+    _executor_arguments(measure, "combination")
+    measure.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"),
+                         help="ray: tasks in flight at most (default: one per GPU, or per CPU without GPUs)")
+    measure.set_defaults(func=_cmd_measure)
+    train = sub.add_parser("train", help="train a learned component").add_subparsers(dest="train_command",
+                                                                                     required=True)
+    costmodel = train.add_parser("costmodel", help="train a neural cost oracle on a measured dataset")
+    costmodel.add_argument("--dataset", required=True)
+    costmodel.add_argument("--model", choices=("autoshard", "dreamshard"), default="autoshard")
+    costmodel.add_argument("--epochs", type=POSITIVE, default=300)
+    costmodel.add_argument("--seed", type=SEED, default=0)
+    costmodel.add_argument("--out", required=True)
+    costmodel.set_defaults(func=_cmd_train_costmodel)
+    policy = train.add_parser("policy", help="train an AutoShard or DreamShard sharding policy")
+    policy.add_argument("--algo", choices=("autoshard", "dreamshard"), required=True)
+    policy.add_argument("--suite", required=True, help="a suite whose instance set holds the training tasks")
+    policy.add_argument("--time-budget", type=TIME_LIMIT, default=600.0, help="seconds of training")
+    policy.add_argument("--seed", type=SEED, default=0)
+    policy.add_argument("--cost-model", help="cost network weights (default: the shipped neural-<algo>)")
+    policy.add_argument("--real-oracle", default="measured", help="DreamShard's periodic real rollouts ('none' to skip)")
+    policy.add_argument("--out", help="default: the shipped policy file")
+    policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
+    policy.set_defaults(func=_cmd_train_policy)
+    summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)")
+    summarize.add_argument("suites", nargs="+")
+    summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup")
+    summarize.add_argument("--title", default="")
+    summarize.add_argument("-o", "--output")
+    summarize.set_defaults(func=_cmd_summarize)

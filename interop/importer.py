@@ -1,0 +1,137 @@
+"""A TorchRec model's tables, topology and constraints as an instance: from TorchRec's own objects
+(`from_torchrec`) or from a small spec in TorchRec's field names (`instance_from_spec`)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from instances import Instance, InstanceError, Table, Topology, Workload
+from instances.model import SHARDING_TYPES
+
+from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
+
+
+def _data_type_bytes(data_type: Any, path: str) -> int:
+    name = getattr(data_type, "name", data_type)
+    key = str(name).lower()
+    if key not in DATA_TYPES:
+        raise InstanceError(path, f"data type must be one of {tuple(DATA_TYPES)}, got {data_type!r}")
+    return DATA_TYPES[key]
+
+
+def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None, batch_size: int = 512,
+                  instance_id: str = "torchrec") -> Instance:
+    """An instance from TorchRec's own objects: EmbeddingBagConfig / EmbeddingConfig list or an
+    EmbeddingBagCollection / EmbeddingCollection, a planner Topology, ParameterConstraints per table
+    (pooling factors, allowed sharding types) and the batch size per rank."""
+    torchrec = load_torchrec()
+    if isinstance(tables, torchrec.EmbeddingBagCollection):
+        configs, pooled = tables.embedding_bag_configs(), True
+    elif isinstance(tables, torchrec.EmbeddingCollection):
+        configs, pooled = tables.embedding_configs(), False
+    else:
+        configs = list(tables)
+        pooled = None
+    constraints = constraints or {}
+    out = []
+    for i, config in enumerate(configs):
+        path = f"tables[{i}]"
+        is_pooled = pooled if pooled is not None else isinstance(config, torchrec.EmbeddingBagConfig)
+        constraint = constraints.get(config.name)
+        factors = list(getattr(constraint, "pooling_factors", None) or [1.0])
+        pooling = float(sum(factors))  # one table may serve several features: their lookups add up
+        types = getattr(constraint, "sharding_types", None)
+        if types is not None:
+            bad = [t for t in types if t not in SHARDING_TYPES]
+            if bad:
+                raise InstanceError(f"{path}.sharding_types", f"{bad[0]!r} is not one of {SHARDING_TYPES}")
+        out.append(Table(name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
+                         dtype_bytes=_data_type_bytes(config.data_type, f"{path}.data_type"),
+                         pooling_factor=pooling, reuse_bins=IMPORTED_BINS if pooling > 0 else (0.0,) * 17,
+                         pooled=is_pooled, sharding_types=tuple(types) if types is not None else None))
+    world, local = topology.world_size, topology.local_world_size
+    if world % local:
+        raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
+    hbm = min(device.storage.hbm for device in topology.devices)  # devices here are alike: the smallest rules
+    topo = Topology(nodes=world // local, devices_per_node=local, memory_bytes=int(hbm * (1 - STORAGE_RESERVE)),
+                    intra_node_a2a_bw=topology.intra_host_bw * MS, inter_node_a2a_bw=topology.inter_host_bw * MS,
+                    device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device)
+    return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32"),
+                    provenance="imported from TorchRec").validate()
+
+
+SPEC_FIELDS = ("tables", "world_size", "hbm_cap", "batch_size")
+SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "id")
+TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim")
+TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled")
+
+
+def _positive(value, path: str, kind=int) -> Any:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and (kind is float or isinstance(value, int))
+    if not ok or not math.isfinite(value) or value <= 0:
+        raise InstanceError(path, f"must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
+    return value
+
+
+def _fields(data: Any, path: str, required, optional) -> dict:
+    if not isinstance(data, Mapping):
+        raise InstanceError(path or "spec", "must be an object")
+    unknown = sorted(set(data) - set(required) - set(optional))
+    if unknown:
+        raise InstanceError(f"{path}.{unknown[0]}" if path else unknown[0], "unknown field")
+    for key in required:
+        if key not in data:
+            raise InstanceError(f"{path}.{key}" if path else key, "missing")
+    return dict(data)
+
+
+def instance_from_spec(spec: Any) -> Instance:
+    """An instance from a small spec in TorchRec's field names (see README), through TorchRec's objects."""
+    torchrec = load_torchrec()
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+
+    spec = _fields(spec, "", SPEC_FIELDS, SPEC_OPTIONAL)
+    if not isinstance(spec["tables"], list) or not spec["tables"]:
+        raise InstanceError("tables", "must be a non-empty list")
+    world = _positive(spec["world_size"], "world_size")
+    local = _positive(spec.get("local_world_size", world), "local_world_size")
+    configs, constraints = [], {}
+    data_types = {"fp32": torchrec.DataType.FP32, "fp16": torchrec.DataType.FP16, "bf16": torchrec.DataType.BF16,
+                  "int8": torchrec.DataType.INT8}
+    for i, entry in enumerate(spec["tables"]):
+        path = f"tables[{i}]"
+        entry = _fields(entry, path, TABLE_FIELDS, TABLE_OPTIONAL)
+        name = entry["name"]
+        if not isinstance(name, str) or not name:
+            raise InstanceError(f"{path}.name", "must be a non-empty string")
+        rows = _positive(entry["num_embeddings"], f"{path}.num_embeddings")
+        dim = _positive(entry["embedding_dim"], f"{path}.embedding_dim")
+        data_type = str(entry.get("data_type", "fp32")).lower()
+        if data_type not in data_types:
+            raise InstanceError(f"{path}.data_type", f"must be one of {tuple(data_types)}, got {entry.get('data_type')!r}")
+        factors = entry.get("pooling_factors", [1.0])
+        if not isinstance(factors, list) or not factors:
+            raise InstanceError(f"{path}.pooling_factors", "must be a non-empty list of numbers")
+        for j, f in enumerate(factors):
+            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
+                raise InstanceError(f"{path}.pooling_factors[{j}]", f"must be a finite number >= 0, got {f!r}")
+        types = entry.get("sharding_types")
+        if types is not None and (not isinstance(types, list) or not types
+                                  or any(t not in SHARDING_TYPES for t in types)):
+            raise InstanceError(f"{path}.sharding_types", f"must be a non-empty list of {SHARDING_TYPES}, got {types!r}")
+        pooled = entry.get("pooled", True)
+        if not isinstance(pooled, bool):
+            raise InstanceError(f"{path}.pooled", f"must be a boolean, got {pooled!r}")
+        config_type = torchrec.EmbeddingBagConfig if pooled else torchrec.EmbeddingConfig
+        configs.append(config_type(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[name],
+                                   data_type=data_types[data_type]))
+        constraints[name] = ParameterConstraints(pooling_factors=[float(f) for f in factors], sharding_types=types)
+    hbm = _positive(spec["hbm_cap"], "hbm_cap")
+    bandwidths = {key: _positive(spec[key], key, float) / MS for key in ("intra_host_bw", "inter_host_bw") if key in spec}
+    topology = TorchRecTopology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=hbm,
+                                **bandwidths)
+    instance_id = spec.get("id", "torchrec")
+    if not isinstance(instance_id, str) or not instance_id:
+        raise InstanceError("id", "must be a non-empty string")
+    return from_torchrec(configs, topology, constraints, _positive(spec["batch_size"], "batch_size"), instance_id)

@@ -1,0 +1,32 @@
+"""The Python API for users without TorchRec objects: plan an instance with the recommended portfolio (or
+the solvers given) and get the typed result back."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from costmodels import oracle_is_additive
+from instances import Instance
+from solvers import get_solver
+
+from .portfolio import PortfolioResult, run_portfolio
+from .recommend import Rules
+
+
+def choose_portfolio(instance: Instance, oracle: str, budget: float, rules: str | Path | None = None) -> list[str]:
+    """The solvers the shipped (or given) planner-choice rules recommend for this instance, best first."""
+    from .workloads import workload_features
+
+    loaded = Rules.load(Path(rules)) if rules else Rules.load()
+    return loaded.portfolio(workload_features(instance, oracle, budget))
+
+
+def plan(instance: Instance, oracle: str = "analytic", budget: float = 10.0, solvers: list[str] | None = None,
+         seed: int = 0, rules: str | Path | None = None) -> PortfolioResult:
+    """The best validated plan any member of the portfolio finds within `budget` seconds, with the best
+    bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too)."""
+    oracle_is_additive(oracle)  # an unknown name fails here, without building a costly oracle
+    if solvers is not None:
+        for name in solvers:
+            get_solver(name)
+    members = list(solvers) if solvers is not None else choose_portfolio(instance, oracle, budget, rules)
+    return run_portfolio(instance.validate(), oracle, budget, members, seed)

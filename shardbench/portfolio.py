@@ -1,0 +1,112 @@
+"""The portfolio behind `plan`: the recommended solvers and `best-greedy` run side by side, each in its own
+process within the budget; the best validated plan is kept with the best bound any of them proved for
+the problem as posed. A proven optimum of that problem stops the rest at once."""
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass, field
+
+from costmodels import get_oracle, oracle_is_additive
+from instances import Instance
+from instances.sharding import Plan
+from solvers import Budget, SolveResult, Status, get_solver, run_solver
+from solvers.base import incompatibility
+from solvers.bounds import gap_to_bound
+
+from .isolation import Job, Outcome, kill_deadline, run_isolated
+
+SAFETY_NET = "best-greedy"  # always in the portfolio: the plan is never worse than its
+
+
+@dataclass(frozen=True)
+class Member:
+    """One member's run: its result (None when it crashed or was killed, `error` says how), its wall
+    time, and whether it solved the problem as posed — a solver of whole tables on an instance that may
+    split solves a narrower problem, so its optimum and bound are of whole tables only."""
+
+    solver: str
+    result: SolveResult | None
+    seconds: float
+    posed: bool
+    error: str | None = None
+
+    @property
+    def status(self) -> str:
+        if self.result is not None:
+            return self.result.status.value
+        return "timeout" if self.error and self.error.startswith("killed") else "error"
+
+    @property
+    def problem(self) -> str:
+        return "as posed" if self.posed else "whole tables only"
+
+    @property
+    def objective(self) -> float | None:
+        return self.result.objective if self.result is not None else None
+
+
+@dataclass(frozen=True)
+class PortfolioResult:
+    plan: Plan | None
+    solver: str | None          # the member whose plan was kept
+    objective: float | None
+    bound: float | None         # the best lower bound any member proved for the problem as posed
+    wall_s: float
+    members: tuple[Member, ...] = field(default_factory=tuple)  # every member that finished or was killed
+    stopped_early: bool = False
+    skipped: tuple[str, ...] = ()  # members that cannot plan under this oracle, with the reason
+
+    @property
+    def gap(self) -> float | None:
+        """Relative excess of the plan over the bound (0: proven optimal over the enumerated options)."""
+        if self.objective is None or self.bound is None:
+            return None
+        return gap_to_bound(self.objective, self.bound)
+
+
+def _solve(name: str, instance: Instance, oracle_name: str, budget: float, seed: int) -> SolveResult:
+    return run_solver(name, instance, get_oracle(oracle_name), Budget(budget), seed)
+
+
+def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0) -> PortfolioResult:
+    """Every member at once, each in its own process, killed at `kill_deadline(budget)`."""
+    additive = oracle_is_additive(oracle_name)
+    names = list(dict.fromkeys([*solvers, SAFETY_NET]))
+    skipped = tuple(f"{name}: {why}" for name in names if (why := incompatibility(get_solver(name), additive)))
+    names = [name for name in names if not incompatibility(get_solver(name), additive)]
+    posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
+    jobs = [Job(name, functools.partial(_solve, name, instance, oracle_name, budget, seed), kill_deadline(budget))
+            for name in names]
+    members: list[Member] = []
+
+    def finished(outcome: Outcome) -> None:
+        name = outcome.job.key
+        if outcome.kind == "ok":
+            members.append(Member(name, outcome.value, outcome.elapsed, posed[name]))
+            return
+        error = {"error": lambda: str(outcome.value).splitlines()[0],
+                 "died": lambda: f"process died (exit code {outcome.value})",
+                 "killed": lambda: f"killed after {outcome.elapsed:.1f} s"}[outcome.kind]()
+        members.append(Member(name, None, outcome.elapsed, posed[name], error))
+
+    def proven(_: Outcome) -> bool:
+        last = members[-1]
+        return last.posed and last.result is not None and last.result.status == Status.OPTIMAL
+
+    started = time.monotonic()
+    stopped = run_isolated(jobs, len(jobs), finished, proven)
+    wall = time.monotonic() - started
+    # Every member's option bound is over the posed problem's options (run_solver computes it there).
+    bounds = [b for m in members if m.result is not None
+              for b in (m.result.lower_bound if m.posed else None, m.result.stats.get("option_bound"))
+              if b is not None]
+    bound = max(bounds) if bounds else None
+    with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
+    if not with_plan:
+        return PortfolioResult(None, None, None, bound, wall, tuple(members), stopped, skipped)
+    best = min(with_plan, key=lambda m: (m.result.objective, names.index(m.solver)))
+    plan = best.result.plan.validate(instance)
+    objective = get_oracle(oracle_name).plan_cost(instance, plan)  # priced again here: the plan we hand over is the plan we rate
+    return PortfolioResult(plan, best.solver, objective, min(bound, objective) if bound is not None else None,
+                           wall, tuple(members), stopped, skipped)
