@@ -1,6 +1,6 @@
 """The documentation stays true to the code: docs/cli.md is what the parser generates, the generator walks
 every command a parser has, the README stays a short guide, and relative links in README and docs/ lead
-to files that exist."""
+to files and headings that exist."""
 from __future__ import annotations
 
 import argparse
@@ -13,7 +13,7 @@ from benchmarks.cli_reference import REGENERATE, commands, load_parser, referenc
 
 ROOT = Path(__file__).resolve().parent.parent
 README_LIMIT = 25_000  # bytes: a guide read in ten minutes; reference material lives in docs/
-LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+LINK = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
 
 
 def test_cli_reference_is_current():
@@ -55,18 +55,26 @@ def test_readme_is_a_short_guide():
     assert size <= README_LIMIT, f"README.md is {size} B, over {README_LIMIT} B: move reference material to docs/"
 
 
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors for the page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+ (.+)$", page.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 def _missing_links(results: bool) -> list[str]:
-    """Relative links of README and docs/*.md whose file does not exist: those into docs/results/ when
-    `results`, the others otherwise."""
+    """Relative links of README and docs/*.md whose file (or heading, for a link with #anchor) does not
+    exist: those into docs/results/ when `results`, the others otherwise."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     missing = []
     for page in pages:
-        for target in LINK.findall(page.read_text()):
+        for target, anchor in LINK.findall(page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            path = (page.parent / target).resolve()
-            if path.is_relative_to(ROOT / "docs" / "results") == results and not path.exists():
-                missing.append(f"{page.relative_to(ROOT)} → {target}")
+            path = (page.parent / target).resolve() if target else page
+            if path.is_relative_to(ROOT / "docs" / "results") != results:
+                continue
+            if not path.exists() or (anchor and path.suffix == ".md" and anchor not in _anchors(path)):
+                missing.append(f"{page.relative_to(ROOT)} → {target}{'#' + anchor if anchor else ''}")
     return missing
 
 
