@@ -140,8 +140,8 @@ def _section(command: Command) -> list[str]:
     if intro:
         lines += [" ".join(intro.split()), ""]
     lines += ["```text", _usage(parser), "```", ""]
-    shown = [a for a in parser._actions
-             if a.help is not argparse.SUPPRESS and not isinstance(a, (argparse._HelpAction, argparse._SubParsersAction))]
+    hidden = (argparse._HelpAction, argparse._SubParsersAction)
+    shown = [a for a in parser._actions if a.help is not argparse.SUPPRESS and not isinstance(a, hidden)]
     if shown:
         lines += ["| argument | what it is | default |", "|---|---|---|"]
         for action in shown:
