@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PARSER = "benchmarks.cli:build_parser"
+DEFAULT_PARSER = "shardbench.cli:build_parser"
 USAGE_WIDTH = 100  # fixed, so that the page does not depend on the terminal it was generated in
 REGENERATE = "python -m benchmarks.cli_reference -o docs/cli.md"
 
