@@ -23,10 +23,14 @@ DATA_TYPE = "fp16"
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "shardbench" / "data" / "example_dlrm.toml"
 
 
+def read_tables() -> list:
+    """The pool entries with lookups: a table no sample reads is no sharding question."""
+    return [entry for entry in dlrm_pool() if entry.pooling_factor > 0]
+
+
 def draw(num_tables: int) -> list:
-    """`num_tables` pool entries with lookups (a table no sample reads is no sharding question), drawn
-    without replacement by a fixed seed and kept in pool order."""
-    used = [entry for entry in dlrm_pool() if entry.pooling_factor > 0]
+    """`num_tables` of the read tables, drawn without replacement by a fixed seed and kept in pool order."""
+    used = read_tables()
     picks = np.random.default_rng(SEED).choice(len(used), size=num_tables, replace=False)
     return [used[i] for i in sorted(picks)]
 
@@ -62,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tables", type=int, default=50, help="how many tables (default 50)")
     parser.add_argument("-o", "--output", default=str(DEFAULT_OUT), help=f"where (default {DEFAULT_OUT})")
     args = parser.parse_args(argv)
+    if not 1 <= args.tables <= len(read_tables()):
+        parser.error(f"--tables must be between 1 and {len(read_tables())}, got {args.tables}")
     write_text_atomic(args.output, spec_text(args.tables))
     print(f"wrote {args.tables} tables to {args.output}")
     return 0
