@@ -1,13 +1,17 @@
-# Two commands do everything on a fresh machine: `make bench` (the main job) and `make test`.
-# Both build the environment first when it is missing, and rebuild it when the dependencies change.
+# On a fresh machine: `make plan` (the real job: the shipped DLRM-like example planned by us and by TorchRec's
+# planner, compared under TorchRec's estimator, our plan exported to demo-out/), `make test`, `make bench`.
+# Each builds the environment first when it is missing, and rebuilds it when the dependencies change.
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: bench test test-deep reliability
+.PHONY: plan bench test test-deep reliability
 
 $(STAMP): pyproject.toml constraints.txt setup.sh
 	bash setup.sh
 	touch $(STAMP)
+
+plan: $(STAMP)
+	$(VENV)/bin/shardbench demo
 
 bench: $(STAMP)
 	$(VENV)/bin/shardbench bench benchmarks/suites/quick.toml --fresh

@@ -41,6 +41,7 @@ from solvers import (
 from solvers.bounds import gap_to_bound
 
 from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
+from .demo import add_command as add_demo_command
 from .recommend import RecommenderError
 from .rows_cli import add_commands as add_row_commands
 
@@ -382,6 +383,7 @@ def _cmd_oracles(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="shardbench", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    add_demo_command(sub, save_torchrec)  # first in the help: the real job on the shipped example
 
     inst = sub.add_parser("instances", help="sample, import, validate and show instances").add_subparsers(
         dest="instances_command", required=True)

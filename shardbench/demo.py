@@ -1,0 +1,220 @@
+"""`shardbench demo`: the real job on a shipped DLRM-like model (or on yours) — plan it with our portfolio
+and with TorchRec's own planner, rate both by TorchRec's estimator, print the comparison and our
+certificate, and write our plan and its TorchRec ShardingPlan to a folder."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Callable
+
+from costmodels import get_oracle
+from instances import Instance, InstanceError, Plan, save_instance, save_plan
+from instances.io import read_text
+from instances.model import instance_from_dict
+
+from .api import choose_portfolio
+from .args import SEED, TIME_LIMIT
+from .portfolio import SAFETY_NET, run_portfolio
+
+EXIT_NO_PLAN = 3
+EXAMPLE = "data/example_dlrm.toml"
+ORACLE = "torchrec"  # both plans are rated by TorchRec's own estimator, the one its planner trusts
+OUTPUTS = {"plan": "plan.json", "instance": "instance.json", "torchrec": "plan.pt", "readable": "plan.sharding.json"}
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    """TorchRec's planner on the instance: its plan (None when it found none; `failure` says why) and
+    how long it took."""
+
+    plan: Plan | None
+    seconds: float
+    failure: str | None = None
+
+
+def read_model(path: str | None) -> tuple[Instance, str]:
+    """The instance to plan and where it came from: a spec in TorchRec's field names (TOML, or JSON) or an
+    instance JSON; without a path, the shipped example."""
+    from interop.importer import instance_from_spec
+
+    if path is None:
+        text, toml = resources.files("shardbench").joinpath(EXAMPLE).read_text(), True
+        where = f"the shipped example (shardbench/{EXAMPLE})"
+    else:
+        text, where, toml = read_text(path, "model"), path, str(path).endswith(".toml")
+    try:
+        data = tomllib.loads(text) if toml else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+        raise InstanceError(where, f"not valid {'TOML' if toml else 'JSON'} ({exc})") from exc
+    if isinstance(data, dict) and "schema_version" in data:  # an instance file, as `instances` commands write
+        try:
+            return instance_from_dict(data), where
+        except InstanceError as exc:
+            raise InstanceError(f"{where}: {exc.field}", exc.reason) from exc
+    try:
+        return instance_from_spec(data), where
+    except InstanceError as exc:
+        raise InstanceError(f"{where}: {exc.field}", exc.reason) from exc
+
+
+def check_folder(path: str) -> Path:
+    """The output folder, refused before any work when it cannot be one (it, or a parent, is a file)."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise InstanceError(str(folder), "-o: is a file; give a folder")
+    parent = next((p for p in folder.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise InstanceError(str(folder), f"-o: {parent} is not a folder")
+    return folder
+
+
+def _first_missing(folder: Path) -> Path | None:
+    """The outermost folder on the way to `folder` that does not exist yet (None when `folder` exists)."""
+    missing = None
+    for path in (folder, *folder.parents):
+        if path.exists():
+            return missing
+        missing = path
+    return missing
+
+
+def write_all(folder: Path, write: Callable[[Path], None]) -> None:
+    """`write(scratch)` writes the outputs into a scratch folder inside `folder`; they move in only once all
+    are written, so a failure leaves none of them (and no folder it had to create)."""
+    created = _first_missing(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".demo-"))
+        try:
+            write(scratch)
+            for item in scratch.iterdir():
+                os.replace(item, folder / item.name)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    except OSError as exc:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise InstanceError(str(folder), f"-o: cannot write there ({exc.strerror or exc})") from exc
+
+
+def run_torchrec_planner(instance: Instance) -> PeerRun:
+    from torchrec.distributed.planner.types import PlannerError
+
+    from interop.peer import plan_with_torchrec
+
+    started = time.monotonic()
+    # TorchRec's planner logs through the root logger (a warning per data-parallel table, an error before
+    # each PlannerError); the demo says in its own lines what happened.
+    logging.disable(logging.CRITICAL)
+    try:
+        plan, _ = plan_with_torchrec(instance)
+    except PlannerError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return PeerRun(None, time.monotonic() - started, first)
+    finally:
+        logging.disable(logging.NOTSET)
+    return PeerRun(plan.validate(instance), time.monotonic() - started)
+
+
+def types_used(plan: Plan) -> str:
+    counts = sorted(plan.sharding_types().items(), key=lambda kv: -kv[1])
+    return ", ".join(f"{kind} {count}" for kind, count in counts)
+
+
+def comparison(theirs: float, ours: float) -> str:
+    """Which plan is faster per step, by a ratio of at least 1."""
+    if ours == theirs:
+        return "the two plans are equally fast per step"
+    faster, slow, fast = ("ours", theirs, ours) if ours < theirs else ("TorchRec's", ours, theirs)
+    return f"{faster} is {slow / fast:.2f}× faster per step ({1 - fast / slow:.1%} less time on the slowest rank)"
+
+
+def _describe(instance: Instance, where: str) -> str:
+    topo = instance.topology
+    weights = sum(t.rows * t.dim * t.dtype_bytes for t in instance.tables)
+    return (f"{instance.id} from {where}: {instance.num_tables} tables ({weights / 2**30:.1f} GiB of weights) on "
+            f"{topo.nodes} node{'s' if topo.nodes > 1 else ''} × {topo.devices_per_node} GPUs, "
+            f"{topo.memory_bytes / 2**30:.1f} GiB of HBM per GPU to plan in, "
+            f"batch {instance.workload.batch_size} per rank")
+
+
+def run_demo(args: argparse.Namespace, save_torchrec: Callable) -> int:
+    """`save_torchrec(sharding_plan, path, readable_path)` is the CLI's writer of exported plans."""
+    from interop.export import to_torchrec
+
+    folder = check_folder(args.output)
+    instance, where = read_model(args.model)
+    print(_describe(instance, where))
+    portfolio = choose_portfolio(instance, ORACLE, args.budget)
+    print(f"planning with TorchRec's planner (EmbeddingShardingPlanner), then with ours "
+          f"({' + '.join([*portfolio, SAFETY_NET])}, budget {args.budget:g} s) ...", flush=True)
+    peer = run_torchrec_planner(instance)
+    ours = run_portfolio(instance, ORACLE, args.budget, portfolio, args.seed)
+    if ours.plan is None:
+        print(f"no plan from our portfolio within {ours.wall_s:.1f} s: " + "; ".join(
+            f"{m.solver} {m.status}" + (f" ({m.error})" if m.error else "")
+            + (f" ({m.result.reason.splitlines()[0]})" if m.result is not None and m.result.reason else "")
+            for m in ours.members), file=sys.stderr)
+        return EXIT_NO_PLAN
+    sharding_plan = to_torchrec(instance, ours.plan)  # converted before anything is written
+    oracle = get_oracle(ORACLE)
+    theirs = oracle.plan_cost(instance, peer.plan) if peer.plan is not None else None
+
+    print(f"\nmax-rank cost per training step by TorchRec's estimator (oracle `{ORACLE}`, {oracle.unit}):")
+    if peer.plan is None:
+        print(f"  TorchRec's planner  no plan ({peer.failure}) after {peer.seconds:.1f} s")
+    else:
+        print(f"  TorchRec's planner  {theirs:10.6g}  planned in {peer.seconds:5.1f} s  {types_used(peer.plan)}")
+    print(f"  shardbench          {ours.objective:10.6g}  planned in {ours.wall_s:5.1f} s  {types_used(ours.plan)}"
+          f"  (best: {ours.solver})")
+    if theirs is not None:
+        print(f"  {comparison(theirs, ours.objective)}")
+    if ours.bound is not None:
+        print(f"certificate: over the enumerated options no plan costs less than {ours.bound:.6g} {oracle.unit}; "
+              f"ours is within {ours.gap:.2%} of that bound")
+    else:
+        print("certificate: none (no member proved a bound within the budget)")
+
+    report = {"solver": ours.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": ORACLE, "budget": args.budget,
+              "seed": args.seed, "objective": ours.objective, "lower_bound": ours.bound, "gap": ours.gap,
+              "wall_seconds": ours.wall_s,
+              "torchrec_planner": {"objective": theirs, "seconds": peer.seconds, "failure": peer.failure,
+                                   "sharding_types": peer.plan.sharding_types() if peer.plan is not None else None}}
+
+    def write(scratch: Path) -> None:
+        save_instance(instance, scratch / OUTPUTS["instance"])
+        save_plan(ours.plan, instance, scratch / OUTPUTS["plan"], report=report)
+        save_torchrec(sharding_plan, str(scratch / OUTPUTS["torchrec"]), str(scratch / OUTPUTS["readable"]))
+
+    write_all(folder, write)
+    print(f"\nwritten to {folder}/: {OUTPUTS['plan']} (our plan; its instance in {OUTPUTS['instance']}), "
+          f"{OUTPUTS['torchrec']} (the TorchRec ShardingPlan), {OUTPUTS['readable']} (readable)")
+    print(f"  inspect: shardbench show-plan {folder / OUTPUTS['plan']} --instance {folder / OUTPUTS['instance']} "
+          f"--oracle {ORACLE}")
+    return 0
+
+
+def add_command(sub, save_torchrec: Callable) -> None:
+    """Registers `demo` on the CLI's subcommands; the CLI hands over its writer of TorchRec plans."""
+    demo = sub.add_parser("demo", help="the real job on a shipped DLRM-like model: our plan against TorchRec's "
+                          "planner under TorchRec's estimator, with the certificate and the exported plan",
+                          description="Plans a model with our portfolio and with TorchRec's planner, rates both by "
+                          "TorchRec's estimator and writes our plan, its instance and its TorchRec ShardingPlan. "
+                          "Example: shardbench demo my_model.toml --budget 30 -o my-plan/")
+    demo.add_argument("model", nargs="?", help="a spec in TorchRec's field names (TOML or JSON, as import-torchrec "
+                      f"reads) or an instance JSON (default: the shipped 50-table example, shardbench/{EXAMPLE})")
+    demo.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds for our portfolio (default 10)")
+    demo.add_argument("-o", "--output", default="demo-out", help="folder for the outputs (default demo-out/)")
+    demo.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic solvers (default 0)")
+    demo.set_defaults(func=lambda args: run_demo(args, save_torchrec))
+
