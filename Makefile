@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml constraints.txt setup.sh
 	touch $(STAMP)
 
 bench: $(STAMP)
-	$(VENV)/bin/shardbench bench benchmarks/suites/quick.toml --fresh
+	$(VENV)/bin/shardbench bench benchmarks/suites/quick.toml --fresh -o build/bench
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
@@ -20,4 +20,4 @@ test-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(VENV)/bin/python -m pytest -p no:cacheprovider
 
 reliability: $(STAMP)
-	$(VENV)/bin/python -m benchmarks.reliability --readme README.md
+	$(VENV)/bin/python -m benchmarks.reliability

@@ -4,7 +4,6 @@ mean ± std of the metrics over the cells that produced a plan, next to counts o
 under several sharding settings, each row also shows its plans against the best plan of any setting."""
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ from .analysis import (
 )
 from .metrics import gap_to_bound, speedup_over_random
 from .store import cell_key
+from .suite import Suite
 
 
 @dataclass(frozen=True)
@@ -178,24 +178,19 @@ def leaderboard_plot(records: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def update_readme_block(readme: Path, block_name: str, content: str) -> bool:
-    """Replaces the text between `<!-- leaderboard:NAME -->` and `<!-- /leaderboard:NAME -->`."""
-    start, end = f"<!-- leaderboard:{block_name} -->", f"<!-- /leaderboard:{block_name} -->"
-    text = readme.read_text()
-    if start not in text or end not in text:
-        return False
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{content}\n{end}{tail}")
-    return True
+def publish_leaderboard(suite: Suite, records: list[dict]) -> str:
+    """Writes a suite's leaderboard page and plot from its records; returns the page's Markdown."""
+    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
+    markdown = leaderboard_markdown(records, title)
+    write_text_atomic(suite.leaderboard_path, markdown + "\n")
+    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    return markdown
 
 
-def publish_report(text: str, path: Path, readme: str | None, block_name: str) -> None:
-    """Writes a report to its results file, prints it, and refreshes its README block when asked."""
+def publish_report(text: str, path: Path) -> None:
+    """Writes a report to its page and prints it."""
     write_text_atomic(path, text.rstrip("\n") + "\n")
     print(text)
-    if readme and not update_readme_block(Path(readme), block_name, text.strip()):
-        print(f"warning: {readme} has no leaderboard:{block_name} block; not updated", file=sys.stderr)
 
 
 def sweep_table(named_records: list[tuple[str, list[dict]]], metric: str = "speedup") -> str:
