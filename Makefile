@@ -14,7 +14,7 @@ plan: $(STAMP)
 	$(VENV)/bin/shardbench demo
 
 bench: $(STAMP)
-	$(VENV)/bin/shardbench bench benchmarks/suites/quick.toml --fresh
+	$(VENV)/bin/shardbench bench benchmarks/suites/quick.toml --fresh -o build/bench
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest
@@ -24,4 +24,4 @@ test-deep: $(STAMP)
 	HYPOTHESIS_PROFILE=deep $(VENV)/bin/python -m pytest -p no:cacheprovider
 
 reliability: $(STAMP)
-	$(VENV)/bin/python -m benchmarks.reliability --readme README.md
+	$(VENV)/bin/python -m benchmarks.reliability

@@ -4,7 +4,6 @@ learned components, summarise sweeps and refit the planner-choice rules. The pro
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -52,21 +51,27 @@ def _check_executor(args: argparse.Namespace) -> None:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .leaderboard import leaderboard_markdown, leaderboard_plot, update_readme_block
+    from .leaderboard import publish_leaderboard
     from .runner import run_suite
+    from .store import read_records
     from .suite import load_suite
 
     _check_executor(args)
+    if args.render_only and args.fresh:
+        raise BudgetError("--render-only: renders the stored results; --fresh would discard them")
     suite = load_suite(args.suite)
-    records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor, address=args.address)
-    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
-    markdown = leaderboard_markdown(records, title)
-    write_text_atomic(suite.leaderboard_path, markdown + "\n")
-    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
-    print(markdown)
+    if args.output is not None:
+        check_output_path(Path(args.output) / suite.results.name, "-o")
+        suite = suite.relocated(Path(args.output))
+    if args.render_only:
+        if not suite.results.exists():
+            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+        records = read_records(suite.results)
+    else:
+        records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor,
+                            address=args.address)
+    print(publish_leaderboard(suite, records))
     print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
-    if args.readme and not update_readme_block(Path(args.readme), suite.name, markdown):
-        print(f"warning: {args.readme} has no leaderboard:{suite.name} block; not updated", file=sys.stderr)
     return 0
 
 
@@ -178,11 +183,15 @@ def add_commands(sub) -> None:
     refit_parser.add_argument("-o", "--output", help="rules file (default: the shipped one)")
     refit_parser.set_defaults(func=_cmd_refit_recommender)
 
-    bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
+    bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard and plot (a suite "
+                           "storing under benchmarks/results publishes them under docs/results)")
     bench.add_argument("suite")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
     bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
-    bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
+    bench.add_argument("-o", "--output", metavar="DIR", help="keep the results store, leaderboard and plot in DIR "
+                       "instead (default: the suite's own store and pages)")
+    bench.add_argument("--render-only", action="store_true", help="rewrite the leaderboard and plot from the stored "
+                       "results, running no solver")
     _executor_arguments(bench, "cell")
     bench.set_defaults(func=_cmd_bench)
 

@@ -1,8 +1,8 @@
 """The executors side by side: one suite run by the local and the Ray executor in turn (cells per second,
 Ray's overhead), and the speed-up N workers can be expected to give on committed stores, from their
-per-cell times. Writes benchmarks/results/executors.md and, with --readme, the README's block.
+per-cell times. Writes docs/results/executors.md (or -o FILE).
 
-    python -m benchmarks.executors [--suite benchmarks/suites/quick.toml] [--stores split-80x8-mem1.1 ...]
+    python -m benchmarks.executors [--suite benchmarks/suites/quick.toml] [--stores split-80x8-mem1.1 ...] [-o FILE]
 """
 from __future__ import annotations
 
@@ -21,9 +21,8 @@ from shardbench.isolation import kill_deadline
 from .leaderboard import publish_report
 from .runner import run_suite
 from .store import read_records
-from .suite import load_suite
+from .suite import PAGES, STORES, load_suite
 
-RESULTS = Path(__file__).parent / "results"
 WORKER_COUNTS = (1, 2, 8, 32, 128)
 
 
@@ -58,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--suite", default=str(Path(__file__).parent / "suites" / "quick.toml"))
     parser.add_argument("--stores", nargs="*", default=["quick", "split-80x8-mem1.1", "vs-torchrec-80x8"],
                         help="committed stores (names under benchmarks/results) to estimate speed-ups for")
-    parser.add_argument("--readme", help="also refresh this README's executors block")
+    parser.add_argument("-o", "--output", default=str(PAGES / "executors.md"), help="the report page (default: %(default)s)")
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     suite = load_suite(args.suite)
@@ -79,10 +78,10 @@ def main(argv: list[str] | None = None) -> int:
              "| store | cells | serial | " + " | ".join(f"N = {n}" for n in WORKER_COUNTS) + " |",
              "|---|---|---|" + "---|" * len(WORKER_COUNTS)]
     for name in args.stores:
-        store = RESULTS / f"{name}.jsonl"
+        store = STORES / f"{name}.jsonl"
         if store.exists():
             lines.append(speedups(store, overhead["ray"]))
-    publish_report("\n".join(lines), RESULTS / "executors.md", args.readme, "executors")
+    publish_report("\n".join(lines), Path(args.output))
     return 0
 
 

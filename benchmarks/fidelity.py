@@ -90,7 +90,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--dataset", default="costmodels/data/cpu_costs.jsonl")
-    parser.add_argument("--out", default="benchmarks/results/oracles")
+    parser.add_argument("--out", default="docs/results/oracles", help="the page's folder (default: %(default)s)")
     args = parser.parse_args(argv)
     print(report(Path(args.dataset), Path(args.out)))
     return 0

@@ -141,7 +141,7 @@ def main(argv=None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--set", default="instances/sets/flexshard-rm")
-    parser.add_argument("--out", default="benchmarks/results/flexshard")
+    parser.add_argument("--out", default="docs/results/flexshard", help="the page's folder (default: %(default)s)")
     parser.add_argument("--calibrate", action="store_true", help="rebuild the RM-like set (bisection on alpha)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)

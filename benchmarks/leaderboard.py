@@ -1,10 +1,10 @@
 """Turns result records into the leaderboard: per oracle, time limit and solver (and sharding setting),
 mean ± std of the metrics over the cells that produced a plan, next to counts of every cell that did not
-(infeasible, no plan, error), so that nothing is silently dropped; plus a PNG plot. Where a suite plans
-under several sharding settings, each row also shows its plans against the best plan of any setting."""
+(infeasible, no plan, error), so that nothing is silently dropped; plus a PNG plot, where a planner without a
+value is a labelled row. Where a suite plans under several sharding settings, each row also shows its plans
+against the best plan of any setting."""
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from .analysis import (
 )
 from .metrics import gap_to_bound, speedup_over_random
 from .store import cell_key
+from .suite import Suite
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,22 @@ class Row:
     time: tuple[float, float]
     time_median: float
     versus_best: tuple[float, float]
+    # (min, max) over the same cells as the mean beside them: the plot's whiskers
+    speedup_range: tuple[float, float] = (float("nan"), float("nan"))
+    gap_range: tuple[float, float] = (float("nan"), float("nan"))
+    versus_best_range: tuple[float, float] = (float("nan"), float("nan"))
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
     if not values:
         return (float("nan"), float("nan"))
     return (float(np.mean(values)), float(np.std(values)))
+
+
+def _range(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return (float("nan"), float("nan"))
+    return (float(np.min(values)), float(np.max(values)))
 
 
 def leaderboard_rows(records: list[dict]) -> list[Row]:
@@ -73,6 +84,7 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
         gaps = [gap_to_bound(r["objective"], bounds[(r["instance"], oracle, setting_of(r))])
                 for r in planned if (r["instance"], oracle, setting_of(r)) in bounds]
         times = [r["solve_time"] for r in group]
+        versus = [r["objective"] / best[(r["instance"], oracle)] for r in planned if best[(r["instance"], oracle)] > 0]
         rows.append(Row(
             oracle=oracle, time_limit=limit, solver=solver, cells=len(group), with_plan=len(planned),
             optimal=sum(r["status"] == "optimal" for r in group),
@@ -85,8 +97,8 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
             speedup=_mean_std(speedups), speedup_cells=len(speedups),
             gap=_mean_std(gaps), gap_cells=len(gaps), within_0_1pct=sum(g <= 1e-3 for g in gaps),
             time=_mean_std(times), time_median=float(np.median(times)),
-            versus_best=_mean_std([r["objective"] / best[(r["instance"], oracle)] for r in planned
-                                   if best[(r["instance"], oracle)] > 0]),
+            versus_best=_mean_std(versus),
+            speedup_range=_range(speedups), gap_range=_range(gaps), versus_best_range=_range(versus),
         ))
     rows.sort(key=lambda row: (row.oracle, row.time_limit, np.nan_to_num(row.gap[0], nan=np.inf), row.solver))
     return rows
@@ -148,54 +160,153 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class PlotMetric:
+    field: str       # the Row field holding (mean, std); `<field>_range` holds (min, max)
+    label: str
+    missing: str     # written where a planner's bar would be when it has plans but no value
+    offset: float    # drawn as (value - offset) × scale
+    scale: float
+    log: bool        # symlog axis: gaps span 0.001 % to 100 %
+
+
+PLOT_METRICS = (
+    PlotMetric("speedup", "speedup over random (×)", "no random plan", 0.0, 1.0, log=False),
+    PlotMetric("gap", "gap to best lower bound (%)", "no bound", 0.0, 100.0, log=True),
+    PlotMetric("versus_best", "excess over the best plan of any row (%)", "best plan costs 0", 1.0, 100.0, log=True),
+)
+
+
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    value: float | None  # the mean; None: no bar, `note` is written in its place
+    low: float           # whisker ends: min and max over the cells, never below 0
+    high: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Panel:
+    oracle: str
+    time_limit: float
+    metric: PlotMetric
+    bars: tuple[Bar, ...]
+
+    @property
+    def has_data(self) -> bool:
+        return any(bar.value is not None for bar in self.bars)
+
+
+def _without_plan(row: Row) -> str:
+    counts = [(n, what) for n, what in ((row.timeouts, "timeout"), (row.no_plan, "no plan"),
+                                        (row.infeasible, "infeasible"), (row.errors, "error")) if n]
+    if len(counts) == 1:
+        return counts[0][1]
+    return ", ".join(f"{n} {what}" for n, what in counts) or "no plan"
+
+
+def _bar(row: Row, metric: PlotMetric) -> Bar:
+    partial = 0 < row.with_plan < row.cells
+    label = row.solver + (f" ({row.with_plan}/{row.cells} planned)" if partial else "")
+    mean = getattr(row, metric.field)[0]
+    low, high = getattr(row, f"{metric.field}_range")
+    if not all(np.isfinite((mean, low, high))):
+        return Bar(label, None, 0.0, 0.0, metric.missing if row.with_plan else _without_plan(row))
+    value, low, high = ((v - metric.offset) * metric.scale for v in (mean, low, high))
+    # A bound within the conflict tolerance above a plan leaves a gap of -1e-9: zero, as the table reads.
+    value = max(value, 0.0)
+    return Bar(label, value, max(min(low, value), 0.0), max(high, value))
+
+
+def plot_panels(rows: list[Row]) -> list[tuple[Panel, ...]]:
+    """The plot's grid: a line per (oracle, time limit), a panel per metric that some line has a value for;
+    each panel a bar per row, with min–max whiskers."""
+    settings = list(dict.fromkeys((r.oracle, r.time_limit) for r in rows))
+    grid = [tuple(Panel(oracle, limit, metric, tuple(_bar(r, metric) for r in rows
+                                                     if (r.oracle, r.time_limit) == (oracle, limit)))
+                  for metric in PLOT_METRICS) for oracle, limit in settings]
+    kept = [i for i in range(len(PLOT_METRICS)) if any(line[i].has_data for line in grid)] or [0]
+    return [tuple(line[i] for i in kept) for line in grid]
+
+
+def _written(bar: Bar, metric: PlotMetric) -> str:
+    """What is written where a bar would be: why it is missing, or its value where bar and whiskers are too
+    short to see (a missing bar and a zero one must not look alike)."""
+    if bar.value is None:
+        return bar.note
+    if bar.high == 0:
+        return "0"
+    if metric.log and bar.high < 1e-3:
+        return "< 0.001 %"
+    return ""
+
+
+def _draw_panel(ax, panel: Panel, labelled: bool) -> None:
+    metric = panel.metric
+    if not panel.has_data and not labelled:
+        ax.axis("off")
+        ax.text(0.5, 0.5, f"{metric.label}:\n{metric.missing} for any planner", ha="center", va="center",
+                transform=ax.transAxes, color="dimgray")
+        return
+    y = np.arange(len(panel.bars))
+    drawn = [(i, bar) for i, bar in zip(y, panel.bars) if bar.value is not None]
+    ax.barh([i for i, _ in drawn], [bar.value for _, bar in drawn],
+            color="tab:blue" if metric.field == "speedup" else "tab:orange")
+    ax.errorbar([bar.value for _, bar in drawn], [i for i, _ in drawn], fmt="none", ecolor="black", capsize=2,
+                xerr=[[bar.value - bar.low for _, bar in drawn], [bar.high - bar.value for _, bar in drawn]])
+    for i, bar in zip(y, panel.bars):
+        if text := _written(bar, metric):
+            ax.text(0.01, i, text, transform=ax.get_yaxis_transform(), va="center", ha="left",
+                    color="dimgray", style="italic" if bar.value is None else "normal", fontsize=8)
+    if metric.log:
+        ax.set_xscale("symlog", linthresh=0.1)
+    ax.set_xlim(left=0)
+    ax.set_ylim(len(panel.bars) - 0.5, -0.5)
+    ax.set_yticks(y, [bar.label for bar in panel.bars] if labelled else [])
+    ax.set_xlabel(metric.label)
+    ax.set_title(f"{panel.oracle}, {panel.time_limit:g} s", fontsize=10)
+
+
 def leaderboard_plot(records: list[dict], path: Path, title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = leaderboard_rows(records)
-    settings = list(dict.fromkeys((r.oracle, r.time_limit) for r in rows))
-    fig, axes = plt.subplots(len(settings), 2, figsize=(12, 3.2 * len(settings) + 0.8), squeeze=False)
-    for (oracle, limit), (ax_speed, ax_gap) in zip(settings, axes):
-        part = [r for r in rows if r.oracle == oracle and r.time_limit == limit]
-        names = [r.solver for r in part]
-        y = np.arange(len(part))
-        ax_speed.barh(y, [r.speedup[0] for r in part], xerr=[r.speedup[1] for r in part], color="tab:blue")
-        ax_speed.set_yticks(y, names)
-        ax_speed.set_xlabel("speedup over random (×)")
-        ax_speed.set_title(f"{oracle}, {limit:g} s")
-        ax_gap.barh(y, [100 * r.gap[0] for r in part], xerr=[100 * r.gap[1] for r in part], color="tab:orange")
-        ax_gap.set_yticks(y, names)
-        ax_gap.set_xscale("symlog", linthresh=0.1)
-        ax_gap.set_xlabel("gap to best lower bound (%)")
-        for ax in (ax_speed, ax_gap):
-            ax.invert_yaxis()
-    fig.suptitle(title)
-    fig.tight_layout()
+    grid = plot_panels(leaderboard_rows(records))
+    heights = [len(line[0].bars) for line in grid] or [1]
+    columns = len(grid[0]) if grid else 1
+    fig, axes = plt.subplots(len(heights), columns, squeeze=False, layout="constrained",
+                             figsize=(4.6 * columns + 2.4, sum(0.28 * h + 1.1 for h in heights) + 0.8),
+                             gridspec_kw={"height_ratios": [h + 3 for h in heights]})
+    for line, ax_line in zip(grid, axes):
+        # The first panel with a value carries the planners' names; a line without any shows its reasons.
+        first = next((i for i, panel in enumerate(line) if panel.has_data), 0)
+        for i, (panel, ax) in enumerate(zip(line, ax_line)):
+            _draw_panel(ax, panel, labelled=i == first)
+    if not grid:
+        axes[0][0].axis("off")
+        axes[0][0].text(0.5, 0.5, "no results", ha="center", va="center")
+    fig.suptitle(f"{title}\nbars: mean over the cells with a value; whiskers: min–max over those cells", fontsize=11)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def update_readme_block(readme: Path, block_name: str, content: str) -> bool:
-    """Replaces the text between `<!-- leaderboard:NAME -->` and `<!-- /leaderboard:NAME -->`."""
-    start, end = f"<!-- leaderboard:{block_name} -->", f"<!-- /leaderboard:{block_name} -->"
-    text = readme.read_text()
-    if start not in text or end not in text:
-        return False
-    head, rest = text.split(start, 1)
-    _, tail = rest.split(end, 1)
-    readme.write_text(f"{head}{start}\n{content}\n{end}{tail}")
-    return True
+def publish_leaderboard(suite: Suite, records: list[dict]) -> str:
+    """Writes a suite's leaderboard page and plot from its records; returns the page's Markdown."""
+    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
+    markdown = leaderboard_markdown(records, title)
+    write_text_atomic(suite.leaderboard_path, markdown + "\n")
+    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    return markdown
 
 
-def publish_report(text: str, path: Path, readme: str | None, block_name: str) -> None:
-    """Writes a report to its results file, prints it, and refreshes its README block when asked."""
+def publish_report(text: str, path: Path) -> None:
+    """Writes a report to its page and prints it."""
     write_text_atomic(path, text.rstrip("\n") + "\n")
     print(text)
-    if readme and not update_readme_block(Path(readme), block_name, text.strip()):
-        print(f"warning: {readme} has no leaderboard:{block_name} block; not updated", file=sys.stderr)
 
 
 def sweep_table(named_records: list[tuple[str, list[dict]]], metric: str = "speedup") -> str:

@@ -1,8 +1,8 @@
 """The planner-choice report: refits the shipped rules from the `workloads-*` stores, evaluates them
 leave-one-family-out next to the naive choices, and runs `plan` at 10 s on every 10 s workload against
-each solver run alone there. Writes benchmarks/results/recommend.md and, with --readme, the README block.
+each solver run alone there. Writes docs/results/recommend.md (or -o FILE) and the shipped rules.
 
-    python -m benchmarks.recommend_report [--readme README.md] [--skip-plan]
+    python -m benchmarks.recommend_report [--skip-plan] [-o FILE]
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import numpy as np
 
 from instances import load_instances
 from instances.io import write_json_atomic
-
 from shardbench.portfolio import run_portfolio
 from shardbench.recommend import NO_PLAN_REGRET, RULES_PATH, WITHIN, Rules, applicable
 from shardbench.workloads import workload_features
@@ -23,9 +22,8 @@ from shardbench.workloads import workload_features
 from .analysis import TABLE_WISE_SETTING
 from .leaderboard import publish_report
 from .refit import family_suites, refit
-from .suite import load_suite
+from .suite import PAGES, load_suite
 
-RESULTS = Path(__file__).parent / "results" / "recommend.md"
 NAIVE = ("cpsat", "local-search", "lpt")
 PLAN_BUDGET = 10.0
 MATCH = 1e-4  # "matches": within 0.01 % (searches under a wall-clock budget differ by more from run to run)
@@ -109,7 +107,7 @@ def plan_lines(rules: Rules) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--readme", help="also refresh this README's recommend block")
+    parser.add_argument("-o", "--output", default=str(PAGES / "recommend.md"), help="the report page (default: %(default)s)")
     parser.add_argument("--skip-plan", action="store_true", help="leave out the `plan` runs")
     args = parser.parse_args(argv)
     rules, evaluations = refit(family_suites())
@@ -117,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["#### Planner choice", "", *evaluation_lines(rules, evaluations)]
     if not args.skip_plan:
         lines += ["", *plan_lines(rules)]
-    publish_report("\n".join(lines), RESULTS, args.readme, "recommend")
+    publish_report("\n".join(lines), Path(args.output))
     return 0
 
 

@@ -4,7 +4,7 @@ resumed (cells lost, duplicated, corrupt lines, leaderboard equal to an uninterr
 bench process on a busy store; crashing, hanging and cheating solvers; and a sweep of 2,000 cells with the
 bench process's memory sampled as it goes.
 
-    python -m benchmarks.reliability [--seeds 5] [--kills 10] [--readme README.md]
+    python -m benchmarks.reliability [--seeds 5] [--kills 10] [-o docs/results/reliability.md]
 """
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ from shardbench.cli import main
 from .fuzz import MUTATIONS, TARGETS, mutate, run_case
 from .leaderboard import leaderboard_rows, publish_report
 from .store import cell_key, read_records
-
-RESULTS = Path(__file__).parent / "results" / "reliability.md"
+from .suite import PAGES
 
 
 def bad_input(seeds: int, work: Path) -> tuple[list[str], int, int]:
@@ -243,7 +242,7 @@ def main_report(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=5, help="malformed files per command and kind of damage")
     parser.add_argument("--kills", type=int, default=10, help="sweeps killed and resumed")
-    parser.add_argument("--readme", help="also refresh this README's reliability block")
+    parser.add_argument("-o", "--output", default=str(PAGES / "reliability.md"), help="the report page (default: %(default)s)")
     args = parser.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="shardbench-reliability-"))
     try:
@@ -256,7 +255,7 @@ def main_report(argv: list[str] | None = None) -> int:
     text = "\n\n".join("\n".join(s) for s in sections)
     text = (f"#### Reliability report\n\n`python -m benchmarks.reliability --seeds {args.seeds} --kills {args.kills}` "
             f"({elapsed / 60:.0f} min on this machine).\n\n{text}\n")
-    publish_report(text, RESULTS, args.readme, "reliability")
+    publish_report(text, Path(args.output))
     return 0 if tried == handled else 1
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from costmodels import get_oracle
@@ -14,6 +14,9 @@ from instances.io import read_text
 from solvers import MAX_SEED, MAX_TIME_LIMIT, get_solver
 
 MAX_WORKERS = 1024
+_ROOT = Path(__file__).resolve().parent.parent
+STORES = _ROOT / "benchmarks" / "results"
+PAGES = _ROOT / "docs" / "results"
 
 
 class SuiteError(ValueError):
@@ -39,11 +42,25 @@ class Suite:
 
     @property
     def leaderboard_path(self) -> Path:
-        return self.results.with_suffix(".md")
+        return page_path(self.results, ".md")
 
     @property
     def plot_path(self) -> Path:
-        return self.results.with_suffix(".png")
+        return page_path(self.results, ".png")
+
+    def relocated(self, directory: Path) -> Suite:
+        """The same suite with its store (and so its pages) in `directory`: a run that leaves the committed
+        store and pages alone."""
+        return replace(self, results=Path(directory).resolve() / self.results.name)
+
+
+def page_path(store: Path, suffix: str) -> Path:
+    """Where a page made from a results store goes: a store under the repository's benchmarks/results (data)
+    publishes at the same place under docs/results (pages); any other store, beside itself."""
+    store = Path(store).resolve()
+    if store.is_relative_to(STORES):
+        return (PAGES / store.relative_to(STORES)).with_suffix(suffix)
+    return store.with_suffix(suffix)
 
 
 _KNOWN = {"name", "description", "instances", "solvers", "oracles", "time_limits", "seeds", "random_seeds",

@@ -1,6 +1,7 @@
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from conftest import make_instance
@@ -181,15 +182,48 @@ def test_cli_import_raw_then_sample_from_that_pool(tmp_path):
                  str(tmp_path / "pool.json"), "--out", str(tmp_path / "set")]) == 0
 
 
-def test_cli_bench_writes_leaderboard_and_plot(tmp_path, small_set, capsys):
+def test_cli_bench_writes_leaderboard_and_plot(tmp_path, small_set, capsys, monkeypatch):
     suite = _write_suite(tmp_path, ["lpt", "size-greedy"])
-    readme = tmp_path / "README.md"
-    readme.write_text("intro\n<!-- leaderboard:t -->\nold\n<!-- /leaderboard:t -->\nend\n")
-    assert main(["bench", str(suite), "--readme", str(readme)]) == 0
+    assert main(["bench", str(suite)]) == 0
     out = tmp_path / "out"
-    assert (out / "t.md").exists() and (out / "t.png").stat().st_size > 1000
-    text = readme.read_text()
-    assert "old" not in text and "| lpt | 2/2 |" in text and text.endswith("end\n")
+    store, page, plot = out / "t.jsonl", out / "t.md", out / "t.png"
+    assert "| lpt | 2/2 |" in page.read_text() and plot.stat().st_size > 1000
+    stored = store.read_bytes()
+    page.unlink()
+    plot.unlink()
+
+    def no_solver_runs(*args, **kwargs):
+        raise AssertionError("--render-only ran the suite")
+
+    monkeypatch.setattr("benchmarks.runner.run_suite", no_solver_runs)
+    assert main(["bench", str(suite), "--render-only"]) == 0
+    assert "| lpt | 2/2 |" in page.read_text() and plot.stat().st_size > 1000 and store.read_bytes() == stored
+    capsys.readouterr()
+    assert main(["bench", str(suite), "--render-only", "-o", str(tmp_path / "empty")]) == 2
+    assert "has no results yet" in capsys.readouterr().err and not (tmp_path / "empty").exists()
+    assert main(["bench", str(suite), "--render-only", "--fresh"]) == 2
+    assert "--render-only" in capsys.readouterr().err and store.read_bytes() == stored
+
+
+def test_cli_bench_output_leaves_the_suites_store_and_pages_alone(tmp_path, small_set):
+    suite = _write_suite(tmp_path, ["lpt"])
+    elsewhere = tmp_path / "scratch"
+    assert main(["bench", str(suite), "--fresh", "-o", str(elsewhere)]) == 0
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["t.jsonl", "t.md", "t.png"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_committed_stores_publish_their_pages_under_docs_results():
+    from benchmarks.suite import PAGES, STORES, page_path
+    assert page_path(STORES / "sweeps" / "x.jsonl", ".md") == PAGES / "sweeps" / "x.md"
+    assert page_path(Path("/elsewhere/x.jsonl"), ".png") == Path("/elsewhere/x.png")
+    suites = sorted((Path(__file__).parent.parent / "benchmarks" / "suites").glob("*.toml"))
+    published = [load_suite(path) for path in suites]
+    published = [suite for suite in published if suite.results.exists()]
+    assert published
+    for suite in published:
+        assert suite.leaderboard_path.is_relative_to(PAGES) and suite.leaderboard_path.exists(), suite.name
+        assert suite.plot_path.is_relative_to(PAGES) and suite.plot_path.exists(), suite.name
 
 
 def test_a_bound_above_a_valid_plan_is_reported_not_used():
