@@ -1,5 +1,5 @@
 """The Python API for users without TorchRec objects: plan an instance with the recommended portfolio (or
-the solvers given) and get the typed result back."""
+the solvers given) and get the typed result back; load an exported TorchRec ShardingPlan safely."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,3 +30,24 @@ def plan(instance: Instance, oracle: str = "analytic", budget: float = 10.0, sol
             get_solver(name)
     members = list(solvers) if solvers is not None else choose_portfolio(instance, oracle, budget, rules)
     return run_portfolio(instance.validate(), oracle, budget, members, seed)
+
+
+def load_plan(path: str | Path):
+    """A TorchRec ShardingPlan saved by `export-torchrec` or `plan --torchrec-out` (torch.save), loaded
+    with torch.load's safe defaults (weights_only): only the classes a ShardingPlan is made of are allowed.
+    Plain `torch.load(path)` refuses it under torch >= 2.6; `torch.load(path, weights_only=False)` also works
+    for a file you trust."""
+    import torch
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharding_spec import EnumerableShardingSpec
+    from torch.distributed.remote_device import _remote_device
+
+    from interop.common import load_torchrec
+
+    load_torchrec()
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+
+    allowed = [ShardingPlan, EmbeddingModuleShardingPlan, ParameterSharding, EnumerableShardingSpec, ShardMetadata,
+               _remote_device]
+    with torch.serialization.safe_globals(allowed):
+        return torch.load(path, weights_only=True)
