@@ -45,7 +45,8 @@ class ShardbenchPlanner(ShardingPlanner):
     `constraints` (ParameterConstraints by table name), plus `budget` (seconds), `oracle` (the cost
     model the solvers optimise; `torchrec` is TorchRec's own estimator), `solvers` (default: the
     recommended portfolio) and `seed`. After `plan`, `result` holds the PortfolioResult (objective,
-    bound, gap, winning solver, members).
+    bound, gap, winning solver, members) and `instance` the instance planned (a table that shares its
+    name with another module's, or has a ".", is renamed there after its module's path).
 
     Constraints are honoured, not ignored: `sharding_types` narrow a table's types (together with what its
     sharder supports on the topology's compute device); `pooling_factors` set its lookups per sample.
@@ -73,6 +74,9 @@ class ShardbenchPlanner(ShardingPlanner):
             raise PlannerError("shardbench: the model has no module its sharders shard")
         names = _instance_names(found)
         instance = self._instance(found, names)
+        if self._oracle == "torchrec" and len({t.pooled for t in instance.tables}) > 1:
+            raise PlannerError("shardbench: the torchrec oracle prices a model of pooled (EmbeddingBagCollection) or "
+                               "sequence (EmbeddingCollection) tables, not both; plan this one with oracle='analytic'")
         self.instance = instance
         self.result = plan_instance(instance, oracle=self._oracle, budget=self._budget, solvers=self._solvers,
                                     seed=self._seed)
@@ -142,14 +146,14 @@ def _instance_names(found: list[_Found]) -> dict[tuple[str, str], str]:
     for f in found:
         for c in f.configs:
             counts[c.name] = counts.get(c.name, 0) + 1
-    names: dict[tuple[str, str], str] = {}
-    taken: set[str] = set()
+    names = {(f.path, c.name): c.name for f in found for c in f.configs if counts[c.name] == 1 and "." not in c.name}
+    taken = set(names.values())
     for f in found:
         for c in f.configs:
-            name = c.name
-            if counts[name] > 1 or "." in name:
-                name = re.sub(r"[^A-Za-z0-9_]", "_", f"{f.path}__{c.name}" if f.path else c.name)
-            base, n = name, 1
+            if (f.path, c.name) in names:
+                continue
+            base = re.sub(r"[^A-Za-z0-9_]", "_", f"{f.path}__{c.name}" if f.path else c.name)
+            name, n = base, 1
             while name in taken:
                 n += 1
                 name = f"{base}_{n}"

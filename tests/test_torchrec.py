@@ -8,6 +8,8 @@ import warnings
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import benchmarks  # noqa: F401  (plugs the TorchRec adapters into the registries)
 from shardbench.cli import main
@@ -29,6 +31,7 @@ from interop.importer import from_torchrec
 from interop.peer import plan_with_torchrec
 from solvers import Budget, run_solver
 
+from conftest import examples
 from gloo_worker import run_on_two_gloo_processes
 
 warnings.filterwarnings("ignore")
@@ -133,6 +136,43 @@ def test_torchrec_rates_the_exported_plan_as_our_oracle_rated_it():
     assert rate_with_torchrec(instance, to_torchrec(instance, plan)) == pytest.approx(ours, rel=1e-9)
 
 
+@st.composite
+def _random_plans(draw):
+    """A plan of `_instance()` with a drawn sharding type per table and drawn devices where the type has any."""
+    from instances.sharding import column_cuts
+
+    instance = _instance()
+    k, per_node = instance.num_devices, instance.topology.devices_per_node
+    tables = []
+    for table in instance.tables:
+        kind = draw(st.sampled_from(["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]))
+        if kind == "table_wise":
+            shards = (Shard(draw(st.integers(0, k - 1)), (0, table.rows), (0, table.dim)),)
+        elif kind == "column_wise":
+            parts = draw(st.sampled_from([p for p in (2, 4) if table.dim % (4 * p) == 0] or [1]))
+            if parts == 1:
+                kind, shards = "table_wise", (Shard(draw(st.integers(0, k - 1)), (0, table.rows), (0, table.dim)),)
+            else:
+                shards = tuple(Shard(draw(st.integers(0, k - 1)), (0, table.rows), c) for c in column_cuts(table.dim, parts))
+        elif kind == "row_wise":
+            shards = tuple(Shard(d, r, (0, table.dim)) for d, r in enumerate(row_cuts(table.rows, k)))
+        elif kind == "table_row_wise":
+            host = draw(st.integers(0, instance.topology.nodes - 1))
+            shards = tuple(Shard(host * per_node + i, r, (0, table.dim)) for i, r in enumerate(row_cuts(table.rows, per_node)))
+        else:
+            shards = tuple(Shard(d, (0, table.rows), (0, table.dim)) for d in range(k))
+        tables.append(TableSharding(kind, shards))
+    return instance, Plan(instance.id, tuple(tables)).validate(instance)
+
+
+@examples(12)
+@given(_random_plans())
+def test_torchrec_rates_any_exported_plan_as_our_oracle_does(drawn):
+    instance, plan = drawn
+    ours = [c.total for c in get_oracle("torchrec").device_costs(instance, plan)]
+    assert rate_with_torchrec(instance, to_torchrec(instance, plan)) == pytest.approx(ours, rel=1e-9)
+
+
 @pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"])
 def test_a_solved_plan_of_each_sharding_type_rates_the_same_in_torchrec(kind):
     instance = _instance(types=(kind,))
@@ -159,6 +199,9 @@ def test_export_keys_the_plan_by_module_path_and_loads_under_torch_defaults(tmp_
     assert loaded == to_torchrec(instance, _plans(instance), path=path)
     assert list(loaded.plan) == [path]
     assert set(json.loads((tmp_path / "plan.sharding.json").read_text())) == {f"{path}.{t.name}" for t in instance.tables}
+    assert main(["plan", str(tmp_path / "i.json"), "--oracle", "lookup", "--budget", "1", "--solvers", "best-greedy",
+                 "-o", str(tmp_path / "best.json"), "--torchrec-out", str(tmp_path / "best.pt"), "--module-path", path]) == 0
+    assert list(shardbench.load_plan(tmp_path / "best.pt").plan) == [path]
     with pytest.raises(Exception, match="weights_only"):
         torch.load(tmp_path / "plan.pt")  # why load_plan exists: torch >= 2.6 refuses pickled classes by default
     capsys.readouterr()
