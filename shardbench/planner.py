@@ -54,7 +54,11 @@ class ShardbenchPlanner(ShardingPlanner):
     data_parallel, so `compute_kernels` narrow the types to those whose kernel they allow, and a table
     whose constraints leave no modelled kernel, or that sets `cache_params`, `num_poolings` or
     `batch_sizes` (not modelled until memory tiers land), is refused with an error naming it. A cpu
-    topology plans in its DDR, as TorchRec does."""
+    topology plans in its DDR, as TorchRec does.
+
+    Known limit: a table serving several features is planned with their lookups summed into one pooling
+    factor; TorchRec's estimator also sends one pooled output per feature, so for such tables its rating
+    of the plan can exceed `result.objective` (single-feature tables rate equal)."""
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
