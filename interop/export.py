@@ -1,15 +1,30 @@
 """A plan as the ShardingPlan TorchRec runs, built with TorchRec's own helpers (so shards are cut by its
-rules and must equal ours, with the kernel we priced), a ShardingPlan read back as a plan, and its
+rules and must equal ours, with the kernel we priced), for one module or every shardable module of a
+model; a ShardingPlan read back as a plan, re-rated by TorchRec's own enumerator and estimators, and its
 readable per-table form."""
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
 
 from instances import Instance, InstanceError, Plan, Shard, Table, TableSharding
 from instances.model import SHARDING_TYPES
 
-from .common import kernel, torchrec_module, torchrec_sharder
+from .common import kernel, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
 
 
-def _generator(instance: Instance, table: Table, sharding: TableSharding):
+@dataclass(frozen=True)
+class ShardableModule:
+    """A module of a model that a sharder shards: its path in the model (TorchRec's ShardingPlan key), the
+    module, its sharder, and each of its table names with the instance table that stands for it."""
+
+    path: str
+    module: object
+    sharder: object
+    tables: tuple[tuple[str, str], ...]  # (the module's table name, the instance's table name)
+
+
+def _generator(instance: Instance, sharding: TableSharding):
     from torchrec.distributed import sharding_plan as sp
 
     kind = sharding.sharding_type
@@ -38,67 +53,182 @@ def _with_kernel(generator, compute_kernel: str):
     return generate
 
 
-def to_torchrec(instance: Instance, plan: Plan, device_type: str = "cuda", module=None):
-    """The ShardingPlan TorchRec runs for a validated plan, built with TorchRec's helpers; every shard
-    TorchRec cuts must be the shard we planned (else the plan is not cut the way TorchRec cuts)."""
+def to_torchrec(instance: Instance, plan: Plan, device_type: str = "cuda", module=None, path: str = ""):
+    """The ShardingPlan TorchRec runs for a validated plan of the instance's module (built from the
+    instance unless given; tables by name), keyed by `path`, the module's path in the model."""
+    module = module if module is not None else torchrec_module(instance)
+    names = tuple((t.name, t.name) for t in instance.tables)
+    return to_torchrec_model(instance, plan, [ShardableModule(path, module, torchrec_sharder(module), names)],
+                             device_type)
+
+
+def to_torchrec_model(instance: Instance, plan: Plan, modules: list[ShardableModule], device_type: str = "cuda"):
+    """The ShardingPlan TorchRec runs for a validated plan of a model's shardable modules, one entry per
+    module path, built with TorchRec's helpers; every shard TorchRec cuts must be the shard we planned
+    (else the plan is not cut the way TorchRec cuts)."""
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
 
     plan.validate(instance)
-    module = module if module is not None else torchrec_module(instance)
-    generators = {t.name: _generator(instance, t, s) for t, s in zip(instance.tables, plan.tables)}
-    module_plan = construct_module_sharding_plan(module, generators, sharder=torchrec_sharder(module),
-                                                 local_size=instance.topology.devices_per_node,
-                                                 world_size=instance.num_devices, device_type=device_type)
-    sharding_plan = ShardingPlan({"": module_plan})
-    back = from_torchrec_plan(instance, sharding_plan)
-    for table, ours, theirs in zip(instance.tables, plan.tables, back.tables):
-        if sorted(ours.shards, key=_order) != sorted(theirs.shards, key=_order):
-            raise InstanceError(f"plan: table {table.name}", f"its {ours.sharding_type} shards are not cut the way "
-                                "TorchRec cuts them (row blocks of ceil(rows / parts), equal column blocks)")
-    return sharding_plan
+    index = {t.name: i for i, t in enumerate(instance.tables)}
+    out = {}
+    for entry in modules:
+        generators = {name: _generator(instance, plan.tables[index[ours]]) for name, ours in entry.tables}
+        module_plan = construct_module_sharding_plan(entry.module, generators, sharder=entry.sharder,
+                                                     local_size=instance.topology.devices_per_node,
+                                                     world_size=instance.num_devices, device_type=device_type)
+        for name, ours in entry.tables:
+            table, planned = instance.tables[index[ours]], plan.tables[index[ours]]
+            theirs = _table_sharding(instance, table, module_plan[name])
+            if sorted(planned.shards, key=_order) != sorted(theirs.shards, key=_order):
+                raise InstanceError(f"plan: table {table.name}", f"its {planned.sharding_type} shards are not cut the "
+                                    "way TorchRec cuts them (row blocks of ceil(rows / parts), equal column blocks)")
+        out[entry.path] = module_plan
+    return ShardingPlan(out)
 
 
 def _order(shard: Shard):
     return (shard.device, shard.rows, shard.cols)
 
 
-def from_torchrec_plan(instance: Instance, sharding_plan) -> Plan:
-    """Our plan for a TorchRec ShardingPlan of the instance's module (tables by name)."""
-    module_plan = sharding_plan.plan[""] if hasattr(sharding_plan, "plan") else sharding_plan
+def _module_plan(sharding_plan, path: str | None):
+    """The module plan at `path` of a ShardingPlan (its only one when no path is given), or the module plan
+    itself."""
+    if not hasattr(sharding_plan, "plan"):
+        return sharding_plan
+    if path is None:
+        if len(sharding_plan.plan) != 1:
+            raise InstanceError("plan", f"the ShardingPlan holds {len(sharding_plan.plan)} modules "
+                                f"({sorted(sharding_plan.plan)}): name the module path")
+        return next(iter(sharding_plan.plan.values()))
+    if path not in sharding_plan.plan:
+        raise InstanceError("plan", f"the ShardingPlan has no module at path {path!r} (it has {sorted(sharding_plan.plan)})")
+    return sharding_plan.plan[path]
+
+
+def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding:
+    kind = sharding.sharding_type
+    if kind not in SHARDING_TYPES:
+        raise InstanceError(f"plan: table {table.name}", f"sharding type {kind} has no counterpart here")
+    if kind == "data_parallel":
+        shards = tuple(Shard(d, (0, table.rows), (0, table.dim)) for d in range(instance.num_devices))
+    else:
+        shards = tuple(Shard(int(meta.placement.rank()),
+                             (int(meta.shard_offsets[0]), int(meta.shard_offsets[0] + meta.shard_sizes[0])),
+                             (int(meta.shard_offsets[1]), int(meta.shard_offsets[1] + meta.shard_sizes[1])))
+                       for meta in sharding.sharding_spec.shards)
+    if kind == "column_wise" and len(shards) == 1:
+        # TorchRec cuts a narrow table into one column shard, priced and stored as table-wise by its
+        # estimators; our column-wise means two shards or more.
+        if "table_wise" not in instance.allowed_types(table):
+            raise InstanceError(f"plan: table {table.name}", "TorchRec placed it whole as one column shard, "
+                                "but table_wise is not allowed for it")
+        kind = "table_wise"
+    return TableSharding(kind, shards)
+
+
+def from_torchrec_plan(instance: Instance, sharding_plan, path: str | None = None) -> Plan:
+    """Our plan for a TorchRec ShardingPlan of the instance's module (tables by name) at `path` (the
+    plan's only module when not given)."""
+    module_plan = _module_plan(sharding_plan, path)
     tables = []
     for table in instance.tables:
         if table.name not in module_plan:
             raise InstanceError(f"plan: table {table.name}", "missing from the TorchRec plan")
-        sharding = module_plan[table.name]
-        kind = sharding.sharding_type
-        if kind not in SHARDING_TYPES:
-            raise InstanceError(f"plan: table {table.name}", f"sharding type {kind} has no counterpart here")
-        if kind == "data_parallel":
-            shards = tuple(Shard(d, (0, table.rows), (0, table.dim)) for d in range(instance.num_devices))
-        else:
-            shards = tuple(Shard(int(meta.placement.rank()),
-                                 (int(meta.shard_offsets[0]), int(meta.shard_offsets[0] + meta.shard_sizes[0])),
-                                 (int(meta.shard_offsets[1]), int(meta.shard_offsets[1] + meta.shard_sizes[1])))
-                           for meta in sharding.sharding_spec.shards)
-        if kind == "column_wise" and len(shards) == 1:
-            # TorchRec cuts a narrow table into one column shard, priced and stored as table-wise by its
-            # estimators; our column-wise means two shards or more.
-            if "table_wise" not in instance.allowed_types(table):
-                raise InstanceError(f"plan: table {table.name}", "TorchRec placed it whole as one column shard, "
-                                    "but table_wise is not allowed for it")
-            kind = "table_wise"
-        tables.append(TableSharding(kind, shards))
+        tables.append(_table_sharding(instance, table, module_plan[table.name]))
     return Plan(instance.id, tuple(tables))
 
 
+def rate_with_torchrec(instance: Instance, sharding_plan, path: str | None = None) -> list[float]:
+    """TorchRec's own rating of an exported ShardingPlan of the instance's module: per rank, the sum of
+    its shards' perf.total (ms), as its planner rates a plan."""
+    from torchrec.distributed.types import ShardingPlan
+
+    module = torchrec_module(instance)
+    plan = ShardingPlan({"": _module_plan(sharding_plan, path)})
+    return torchrec_rating(module, [torchrec_sharder(module)], plan, torchrec_topology(instance),
+                           instance.workload.batch_size, torchrec_constraints(instance))
+
+
+def torchrec_rating(model, sharders: list, sharding_plan, topology, batch_size: int,
+                    constraints: Mapping[str, object] | None = None) -> list[float]:
+    """Per rank, the sum of perf.total (ms) of the shards a ShardingPlan puts there, as TorchRec's planner
+    rates a plan: its EmbeddingEnumerator and default estimators on `model`, each table restricted to its
+    planned sharding type, kernel and column block, each shard on its planned rank. `constraints` give the
+    pooling factors (and the rest TorchRec reads); their types and kernels are replaced."""
+    import dataclasses
+
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    planned = {(path, name): sharding for path, module_plan in sharding_plan.plan.items()
+               for name, sharding in module_plan.items()}
+    narrowed: dict[str, ParameterConstraints] = {}
+    for (path, name), sharding in planned.items():
+        base = narrowed.get(name) or (constraints or {}).get(name) or ParameterConstraints()
+        width = _column_block(sharding)
+        if width is not None and base.min_partition not in (None, width):
+            raise InstanceError(f"plan: table {name}", "two modules cut it into different column blocks; TorchRec's "
+                                "constraints, keyed by table name, cannot rate both")
+        narrowed[name] = dataclasses.replace(
+            base, sharding_types=sorted({*(base.sharding_types if name in narrowed else ()), sharding.sharding_type}),
+            compute_kernels=sorted({*(base.compute_kernels if name in narrowed else ()), sharding.compute_kernel}),
+            min_partition=width if width is not None else base.min_partition)
+    enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=narrowed)
+    options = enumerator.enumerate(model, sharders)
+    totals = [0.0] * topology.world_size
+    for (path, name), sharding in planned.items():
+        option = _matching_option(options, path, name, sharding)
+        ranks = _ranks(sharding, option)
+        for shard, rank in zip(option.shards, ranks):
+            totals[rank] += shard.perf.total
+    return totals
+
+
+def _column_block(sharding) -> int | None:
+    if sharding.sharding_type != "column_wise":
+        return None
+    return int(sharding.sharding_spec.shards[0].shard_sizes[1])
+
+
+def _cut(sharding) -> set | None:
+    """The (offsets, sizes) of a planned ParameterSharding's shards (None for data-parallel: no spec)."""
+    if sharding.sharding_spec is None:
+        return None
+    return {(tuple(m.shard_offsets), tuple(m.shard_sizes)) for m in sharding.sharding_spec.shards}
+
+
+def _matching_option(options: list, path: str, name: str, sharding):
+    for option in options:
+        if (option.path, option.name, option.sharding_type, option.compute_kernel) != \
+                (path, name, sharding.sharding_type, sharding.compute_kernel):
+            continue
+        cut = _cut(sharding)
+        if cut is None or cut == {(tuple(s.offset), tuple(s.size)) for s in option.shards}:
+            return option
+    raise InstanceError(f"plan: table {name}" + (f" of {path}" if path else ""),
+                        f"TorchRec's enumerator proposes no {sharding.sharding_type} / {sharding.compute_kernel} option "
+                        "cut as the plan cuts it")
+
+
+def _ranks(sharding, option) -> list[int]:
+    """The rank of each of the option's shards, as the plan places them."""
+    if sharding.sharding_spec is None:
+        return list(sharding.ranks)
+    rank_of = {tuple(m.shard_offsets): int(m.placement.rank()) for m in sharding.sharding_spec.shards}
+    return [rank_of[tuple(s.offset)] for s in option.shards]
+
+
 def readable(sharding_plan) -> dict:
-    """Per table: sharding type, compute kernel, ranks and each shard's offsets, sizes and placement."""
+    """Per table (named `path.table` for a module below the model's root): sharding type, compute kernel,
+    ranks and each shard's offsets, sizes and placement."""
     out = {}
-    for name, sharding in sharding_plan.plan[""].items():
-        shards = ([] if sharding.sharding_spec is None else
-                  [{"offsets": list(m.shard_offsets), "sizes": list(m.shard_sizes), "placement": str(m.placement)}
-                   for m in sharding.sharding_spec.shards])
-        out[name] = {"sharding_type": sharding.sharding_type, "compute_kernel": sharding.compute_kernel,
-                     "ranks": list(sharding.ranks or []), "shards": shards}
+    for path, module_plan in sharding_plan.plan.items():
+        for name, sharding in module_plan.items():
+            shards = ([] if sharding.sharding_spec is None else
+                      [{"offsets": list(m.shard_offsets), "sizes": list(m.shard_sizes), "placement": str(m.placement)}
+                       for m in sharding.sharding_spec.shards])
+            out[f"{path}.{name}" if path else name] = {
+                "sharding_type": sharding.sharding_type, "compute_kernel": sharding.compute_kernel,
+                "ranks": list(sharding.ranks or []), "shards": shards}
     return out

@@ -22,8 +22,8 @@ def _data_type_bytes(data_type: Any, path: str) -> int:
 def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None, batch_size: int = 512,
                   instance_id: str = "torchrec") -> Instance:
     """An instance from TorchRec's own objects: EmbeddingBagConfig / EmbeddingConfig list or an
-    EmbeddingBagCollection / EmbeddingCollection, a planner Topology, ParameterConstraints per table
-    (pooling factors, allowed sharding types) and the batch size per rank."""
+    EmbeddingBagCollection / EmbeddingCollection, a planner Topology (its HBM per device, or DDR on cpu),
+    ParameterConstraints per table (pooling factors, allowed sharding types) and the batch size per rank."""
     torchrec = load_torchrec()
     if isinstance(tables, torchrec.EmbeddingBagCollection):
         configs, pooled = tables.embedding_bag_configs(), True
@@ -52,8 +52,10 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
     world, local = topology.world_size, topology.local_world_size
     if world % local:
         raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
-    hbm = min(device.storage.hbm for device in topology.devices)  # devices here are alike: the smallest rules
-    topo = Topology(nodes=world // local, devices_per_node=local, memory_bytes=int(hbm * (1 - STORAGE_RESERVE)),
+    # Devices here are alike: the smallest rules. A cpu topology keeps its tables in DDR, as TorchRec's does.
+    memory = min(device.storage.ddr if topology.compute_device == "cpu" else device.storage.hbm
+                 for device in topology.devices)
+    topo = Topology(nodes=world // local, devices_per_node=local, memory_bytes=int(memory * (1 - STORAGE_RESERVE)),
                     intra_node_a2a_bw=topology.intra_host_bw * MS, inter_node_a2a_bw=topology.inter_host_bw * MS,
                     device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device)
     return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32"),

@@ -129,6 +129,17 @@ def save_torchrec(sharding_plan, output: str, sidecar: str) -> None:
     write_json_atomic(sidecar, readable(sharding_plan))
 
 
+def module_path(text: str) -> str:
+    """An argparse type: a module's path in a TorchRec model ("" for the model itself, else dotted names)."""
+    if text and not all(part.isidentifier() for part in text.split(".")):
+        raise argparse.ArgumentTypeError(f"must be a module path such as sparse_arch.embedding_bag_collection, got {text!r}")
+    return text
+
+
+MODULE_PATH_HELP = ("the path of the tables' module in the model, the ShardingPlan's key "
+                    "(e.g. sparse_arch.embedding_bag_collection; default: \"\", the model itself)")
+
+
 def _cmd_export_torchrec(args: argparse.Namespace) -> int:
     from interop.export import to_torchrec
 
@@ -139,7 +150,7 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
         raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    save_torchrec(to_torchrec(instance, plan, device_type=args.device_type), args.output, sidecar)
+    save_torchrec(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output, sidecar)
     print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
           f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
     return 0
@@ -149,14 +160,14 @@ def save_torch_atomic(obj, path: str) -> None:
     import os
     import tempfile
 
-    import torch
+    from .api import save_sharding_plan
 
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        torch.save(obj, tmp)
+        save_sharding_plan(obj, tmp)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -310,7 +321,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
         from interop.export import to_torchrec
 
-        sharding_plan = to_torchrec(instance, result.plan)
+        sharding_plan = to_torchrec(instance, result.plan, path=args.module_path)
     oracle = get_oracle(args.oracle)
     gap = result.gap
     print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}"
@@ -458,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
             question.add_argument("-o", "--output", required=True, help="the best validated plan (JSON)")
             question.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save) and, beside "
                                   "it, its readable .sharding.json")
+            question.add_argument("--module-path", type=module_path, default="", help=MODULE_PATH_HELP)
             question.add_argument("--solvers", type=lambda v: [s for s in v.split(",") if s],
                                   help="run these instead of the recommendation, comma-separated")
             question.add_argument("--seed", type=SEED, default=0)
@@ -476,6 +488,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("-o", "--output", required=True, help="the ShardingPlan, torch.save'd (e.g. plan.pt)")
     export.add_argument("--json", help="the readable per-table ParameterSharding (default: OUTPUT with .sharding.json)")
     export.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda", help="placements' device type")
+    export.add_argument("--module-path", type=module_path, default="", help=MODULE_PATH_HELP)
     export.set_defaults(func=_cmd_export_torchrec)
 
     add_row_commands(sub)

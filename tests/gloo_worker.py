@@ -1,6 +1,8 @@
-"""Runs an exported ShardingPlan for real: 2 CPU processes over gloo shard the instance's
-EmbeddingBagCollection with TorchRec's DistributedModelParallel, then run a forward and a backward.
-Usage: gloo_worker.py INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank> as JSON)."""
+"""Runs an exported ShardingPlan for real: 2 CPU processes over gloo shard a model with TorchRec's
+DistributedModelParallel, then run a forward and a backward. The model is the instance's
+EmbeddingBagCollection, or with `--dlrm` a small TorchRec DLRM (`small_dlrm`) whose plan ShardbenchPlanner
+made; then each rank also plans it with `collective_plan` and reports that plan.
+Usage: gloo_worker.py [--dlrm] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank> as JSON)."""
 import json
 import math
 import os
@@ -9,7 +11,86 @@ import traceback
 import warnings
 
 
-def worker(rank: int, world: int, instance_path: str, plan_path: str, port: str, out: str) -> None:
+DLRM_ROWS = (40, 60, 25, 80)  # one table per feature, all of DLRM_DIM columns (DLRM's interaction needs one dim)
+DLRM_DIM = 8
+DLRM_DENSE = 4
+
+
+def small_dlrm(embedding_device: str = "meta", dense_device: str = "cpu"):
+    """A small torchrec.models.dlrm.DLRM (its EBC at sparse_arch.embedding_bag_collection)."""
+    import torch
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=DLRM_DIM, num_embeddings=rows, feature_names=[f"f{i}"])
+              for i, rows in enumerate(DLRM_ROWS)]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device(embedding_device))
+    return DLRM(embedding_bag_collection=ebc, dense_in_features=DLRM_DENSE, dense_arch_layer_sizes=[16, DLRM_DIM],
+                over_arch_layer_sizes=[8, 1], dense_device=torch.device(dense_device))
+
+
+def cpu_topology(world: int = 2):
+    from torchrec.distributed.planner import Topology
+
+    return Topology(world_size=world, local_world_size=world, compute_device="cpu")
+
+
+def _run_dlrm(rank: int, plan_path: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    import shardbench
+    from interop.export import readable
+
+    sharders = [EmbeddingBagCollectionSharder()]
+    model = DistributedModelParallel(small_dlrm(), device=torch.device("cpu"), plan=shardbench.load_plan(plan_path),
+                                     env=ShardingEnv.from_process_group(dist.group.WORLD), sharders=sharders)
+    batch = 4
+    keys = [f"f{i}" for i in range(len(DLRM_ROWS))]
+    generator = torch.Generator().manual_seed(rank)
+    lengths = torch.ones(len(keys) * batch, dtype=torch.int64)
+    values = torch.randint(0, min(DLRM_ROWS), (len(keys) * batch,), generator=generator)
+    logits = model(torch.rand(batch, DLRM_DENSE, generator=generator),
+                   KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths))
+    loss = logits.sum()
+    loss.backward()
+    planner = shardbench.ShardbenchPlanner(cpu_topology(), batch_size=batch, budget=2.0, solvers=["best-greedy"])
+    collective = planner.collective_plan(small_dlrm(), sharders)
+    return {"ok": True, "shape": list(logits.shape), "loss_finite": math.isfinite(float(loss)),
+            "collective": readable(collective), "planned_here": planner.result is not None}
+
+
+def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    from instances import load_instance
+    from interop.common import torchrec_module, torchrec_sharder
+
+    instance = load_instance(instance_path)
+    module = torchrec_module(instance)
+    plan = torch.load(plan_path, weights_only=False)
+    model = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan,
+                                     env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                     sharders=[torchrec_sharder(module)])
+    batch = instance.workload.batch_size
+    keys = [t.name for t in instance.tables]
+    lengths = torch.ones(len(keys) * batch, dtype=torch.int64)
+    values = torch.randint(0, min(t.rows for t in instance.tables), (len(keys) * batch,), generator=torch.Generator().manual_seed(rank))
+    pooled = model(KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths))
+    loss = pooled.values().sum()
+    loss.backward()
+    return {"ok": True, "shape": list(pooled.values().shape), "loss_finite": math.isfinite(float(loss))}
+
+
+def worker(rank: int, world: int, dlrm: bool, instance_path: str, plan_path: str, port: str, out: str) -> None:
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
@@ -18,27 +99,7 @@ def worker(rank: int, world: int, instance_path: str, plan_path: str, port: str,
     dist.init_process_group("gloo", rank=rank, world_size=world)
     result = {"ok": False}
     try:
-        from torchrec import KeyedJaggedTensor
-        from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.types import ShardingEnv
-
-        from instances import load_instance
-        from interop.common import torchrec_module, torchrec_sharder
-
-        instance = load_instance(instance_path)
-        module = torchrec_module(instance)
-        plan = torch.load(plan_path, weights_only=False)
-        model = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan,
-                                         env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                         sharders=[torchrec_sharder(module)])
-        batch = instance.workload.batch_size
-        keys = [t.name for t in instance.tables]
-        lengths = torch.ones(len(keys) * batch, dtype=torch.int64)
-        values = torch.randint(0, min(t.rows for t in instance.tables), (len(keys) * batch,), generator=torch.Generator().manual_seed(rank))
-        pooled = model(KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values, lengths=lengths))
-        loss = pooled.values().sum()
-        loss.backward()
-        result = {"ok": True, "shape": list(pooled.values().shape), "loss_finite": math.isfinite(float(loss))}
+        result = _run_dlrm(rank, plan_path) if dlrm else _run_instance(rank, instance_path, plan_path)
     except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
         result = {"ok": False, "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]}
     finally:
@@ -47,7 +108,27 @@ def worker(rank: int, world: int, instance_path: str, plan_path: str, port: str,
         dist.destroy_process_group()
 
 
+def run_on_two_gloo_processes(*arguments: str, out: str) -> list[dict]:
+    """This script on 2 gloo processes with `arguments` (before PORT OUT), importing the checkout it lives
+    in; each rank's JSON result."""
+    import socket
+    import subprocess
+    from pathlib import Path
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, __file__, *arguments, str(port), out], capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(2)]
+
+
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    mp.start_processes(worker, args=(2, *sys.argv[1:5]), nprocs=2, start_method="spawn")
+    dlrm = sys.argv[1] == "--dlrm"
+    arguments = sys.argv[2:6] if dlrm else sys.argv[1:5]
+    mp.start_processes(worker, args=(2, dlrm, *arguments), nprocs=2, start_method="spawn")

@@ -1,14 +1,15 @@
 """TorchRec in and out: import from its objects and from a spec, export a ShardingPlan cut by its rules
-and read it back, its estimator as an oracle (equal to its own rating of its planner's plan), its
-planner as a peer, and an exported plan run for real on 2 CPU processes over gloo."""
+and read it back (keyed by the module's path, loadable under torch.load's safe defaults), re-rated by
+TorchRec's own enumerator and estimators as our oracle rates it, its estimator as an oracle (equal to its
+own rating of its planner's plan), its planner as a peer, and an exported plan run for real on 2 CPU
+processes over gloo."""
 import json
-import socket
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import benchmarks  # noqa: F401  (plugs the TorchRec adapters into the registries)
 from shardbench.cli import main
@@ -25,10 +26,13 @@ from instances import (
 )
 from instances.sharding import row_cuts
 from interop.common import STORAGE_RESERVE, torchrec_module
-from interop.export import from_torchrec_plan, to_torchrec
+from interop.export import from_torchrec_plan, rate_with_torchrec, to_torchrec
 from interop.importer import from_torchrec
 from interop.peer import plan_with_torchrec
 from solvers import Budget, run_solver
+
+from conftest import examples
+from gloo_worker import run_on_two_gloo_processes
 
 warnings.filterwarnings("ignore")
 SPEC = {"tables": [{"name": "user", "num_embeddings": 1000, "embedding_dim": 64, "data_type": "fp16",
@@ -122,6 +126,90 @@ def test_export_round_trips_every_sharding_type_and_keeps_table_names_and_sizes(
     assert kernels == {"t0": "fused", "t1": "fused", "t2": "fused", "t3": "fused", "t4": "dense"}
 
 
+def test_torchrec_rates_the_exported_plan_as_our_oracle_rated_it():
+    """The plan TorchRec would run is the plan we rated: its own enumerator and estimators, each table held
+    to its exported type, kernel and cut, find our torchrec oracle's cost on every device."""
+    instance = _instance()
+    plan = _plans(instance).validate(instance)
+    oracle = get_oracle("torchrec")
+    ours = [c.total for c in oracle.device_costs(instance, plan)]
+    assert rate_with_torchrec(instance, to_torchrec(instance, plan)) == pytest.approx(ours, rel=1e-9)
+
+
+@st.composite
+def _random_plans(draw):
+    """A plan of `_instance()` with a drawn sharding type per table and drawn devices where the type has any."""
+    from instances.sharding import column_cuts
+
+    instance = _instance()
+    k, per_node = instance.num_devices, instance.topology.devices_per_node
+    tables = []
+    for table in instance.tables:
+        kind = draw(st.sampled_from(["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"]))
+        if kind == "table_wise":
+            shards = (Shard(draw(st.integers(0, k - 1)), (0, table.rows), (0, table.dim)),)
+        elif kind == "column_wise":
+            parts = draw(st.sampled_from([p for p in (2, 4) if table.dim % (4 * p) == 0] or [1]))
+            if parts == 1:
+                kind, shards = "table_wise", (Shard(draw(st.integers(0, k - 1)), (0, table.rows), (0, table.dim)),)
+            else:
+                shards = tuple(Shard(draw(st.integers(0, k - 1)), (0, table.rows), c) for c in column_cuts(table.dim, parts))
+        elif kind == "row_wise":
+            shards = tuple(Shard(d, r, (0, table.dim)) for d, r in enumerate(row_cuts(table.rows, k)))
+        elif kind == "table_row_wise":
+            host = draw(st.integers(0, instance.topology.nodes - 1))
+            shards = tuple(Shard(host * per_node + i, r, (0, table.dim)) for i, r in enumerate(row_cuts(table.rows, per_node)))
+        else:
+            shards = tuple(Shard(d, (0, table.rows), (0, table.dim)) for d in range(k))
+        tables.append(TableSharding(kind, shards))
+    return instance, Plan(instance.id, tuple(tables)).validate(instance)
+
+
+@examples(12)
+@given(_random_plans())
+def test_torchrec_rates_any_exported_plan_as_our_oracle_does(drawn):
+    instance, plan = drawn
+    ours = [c.total for c in get_oracle("torchrec").device_costs(instance, plan)]
+    assert rate_with_torchrec(instance, to_torchrec(instance, plan)) == pytest.approx(ours, rel=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"])
+def test_a_solved_plan_of_each_sharding_type_rates_the_same_in_torchrec(kind):
+    instance = _instance(types=(kind,))
+    oracle = get_oracle("torchrec")
+    result = run_solver("local-search", instance, oracle, Budget(5.0, max_rounds=20))
+    assert result.has_plan and {s.sharding_type for s in result.plan.tables} == {kind}
+    sharding_plan = to_torchrec(instance, result.plan)
+    assert {s.compute_kernel for s in sharding_plan.plan[""].values()} == {"dense" if kind == "data_parallel" else "fused"}
+    assert max(rate_with_torchrec(instance, sharding_plan)) == pytest.approx(result.objective, rel=1e-9)
+
+
+def test_export_keys_the_plan_by_module_path_and_loads_under_torch_defaults(tmp_path, capsys):
+    import shardbench
+
+    instance = _instance()
+    save_instance(instance, tmp_path / "i.json")
+    from instances import save_plan
+
+    save_plan(_plans(instance).validate(instance), instance, tmp_path / "p.json")
+    path = "sparse_arch.embedding_bag_collection"
+    assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "-o",
+                 str(tmp_path / "plan.pt"), "--module-path", path]) == 0
+    loaded = shardbench.load_plan(tmp_path / "plan.pt")
+    assert loaded == to_torchrec(instance, _plans(instance), path=path)
+    assert list(loaded.plan) == [path]
+    assert set(json.loads((tmp_path / "plan.sharding.json").read_text())) == {f"{path}.{t.name}" for t in instance.tables}
+    assert main(["plan", str(tmp_path / "i.json"), "--oracle", "lookup", "--budget", "1", "--solvers", "best-greedy",
+                 "-o", str(tmp_path / "best.json"), "--torchrec-out", str(tmp_path / "best.pt"), "--module-path", path]) == 0
+    assert list(shardbench.load_plan(tmp_path / "best.pt").plan) == [path]
+    with pytest.raises(Exception, match="weights_only"):
+        torch.load(tmp_path / "plan.pt")  # why load_plan exists: torch >= 2.6 refuses pickled classes by default
+    capsys.readouterr()
+    assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "-o",
+                 str(tmp_path / "bad.pt"), "--module-path", "sparse arch"]) == 2
+    assert "--module-path" in capsys.readouterr().err and not (tmp_path / "bad.pt").exists()
+
+
 def test_a_plan_not_cut_the_torchrec_way_is_refused(tmp_path, capsys):
     instance = _instance()
     plan = _plans(instance)
@@ -151,12 +239,6 @@ def test_the_torchrec_oracle_prices_torchrecs_plan_as_torchrec_does():
     assert ours_split.objective <= max(totals) * (1 + 1e-9)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_path):
     """Every sharding type on 2 CPU ranks of one node (TorchRec 1.8 runs all five there)."""
     from conftest import make_table
@@ -178,11 +260,7 @@ def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_pa
     readable = json.loads((tmp_path / "plan.sharding.json").read_text())
     assert {v["sharding_type"] for v in readable.values()} == {"table_wise", "column_wise", "row_wise",
                                                               "table_row_wise", "data_parallel"}
-    script = Path(__file__).with_name("gloo_worker.py")
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "i.json"), str(tmp_path / "plan.pt"),
-                           str(_free_port()), str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    results = [json.loads((tmp_path / f"out.{rank}").read_text()) for rank in range(2)]
+    results = run_on_two_gloo_processes(str(tmp_path / "i.json"), str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
     for result in results:
         assert result["ok"], result
         assert result["shape"] == [4, 40] and result["loss_finite"]

@@ -1,0 +1,157 @@
+"""ShardbenchPlanner, TorchRec's planner interface: a DLRM's plan runs under DistributedModelParallel on 2
+gloo processes (planned on one process and loaded back, and planned collectively), rates no worse than
+TorchRec's own planner by TorchRec's own estimator, keys every shardable module of a nested model by its
+path, and honours or refuses the constraints by table name."""
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import shardbench
+from gloo_worker import DLRM_ROWS, cpu_topology, run_on_two_gloo_processes, small_dlrm
+from instances import InstanceError
+from interop.export import torchrec_rating
+
+warnings.filterwarnings("ignore")
+EBC_PATH = "sparse_arch.embedding_bag_collection"
+
+
+def _sharders():
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
+
+
+def _gpu_topology(world=4, local=2):
+    from torchrec.distributed.planner import Topology
+
+    return Topology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=2 * 2**30)
+
+
+def test_a_dlrm_plan_runs_forward_and_backward_under_dmp_on_two_gloo_processes(tmp_path):
+    planner = shardbench.ShardbenchPlanner(cpu_topology(), batch_size=4, budget=2.0)
+    sharding_plan = planner.plan(small_dlrm(dense_device="meta"), _sharders())
+    assert list(sharding_plan.plan) == [EBC_PATH]
+    assert set(sharding_plan.plan[EBC_PATH]) == {f"t{i}" for i in range(len(DLRM_ROWS))}
+    result = planner.result
+    assert result.plan is not None and result.solver and result.objective >= result.bound and result.gap >= 0
+    shardbench.save_sharding_plan(sharding_plan, tmp_path / "plan.pt")
+    assert shardbench.load_plan(tmp_path / "plan.pt") == sharding_plan
+    ranks = run_on_two_gloo_processes("--dlrm", "-", str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
+    for result in ranks:
+        assert result["ok"], result
+        assert result["shape"] == [4, 1] and result["loss_finite"]
+    # collective_plan: rank 0 plans, every rank gets its plan.
+    assert ranks[0]["collective"] == ranks[1]["collective"]
+    assert {key.rsplit(".", 1)[0] for key in ranks[0]["collective"]} == {EBC_PATH}
+    assert [r["planned_here"] for r in ranks] == [True, False]
+
+
+def _dlrm_six_tables():
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec.models.dlrm import DLRM
+
+    tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=64, num_embeddings=rows, feature_names=[f"f{i}"])
+              for i, rows in enumerate([200_000, 50_000, 3_000_000, 1000, 800_000, 20_000])]
+    ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+    return DLRM(embedding_bag_collection=ebc, dense_in_features=8, dense_arch_layer_sizes=[16, 64],
+                over_arch_layer_sizes=[16, 1], dense_device=torch.device("meta"))
+
+
+def test_our_plan_rates_no_worse_than_torchrecs_planner_by_torchrecs_estimator():
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+
+    model, sharders, topology, batch = _dlrm_six_tables(), _sharders(), _gpu_topology(), 1024
+    constraints = {f"t{i}": ParameterConstraints(pooling_factors=[p]) for i, p in enumerate([10, 1, 30, 2, 5, 1])}
+    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=3.0)
+    ours = torchrec_rating(model, sharders, planner.plan(model, sharders), topology, batch, constraints)
+    assert max(ours) == pytest.approx(planner.result.objective, rel=1e-9)  # the plan TorchRec runs is the one we rated
+    theirs_plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
+                                           debug=False).plan(model, sharders)
+    theirs = torchrec_rating(model, sharders, theirs_plan, topology, batch, constraints)
+    assert max(ours) <= max(theirs) * (1 + 1e-9)
+
+
+class _Tower(nn.Module):
+    def __init__(self, names, rows):
+        super().__init__()
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+
+        self.bags = EmbeddingBagCollection(tables=[EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=r,
+                                                                      feature_names=[f"{n}_{r}"])
+                                                   for n, r in zip(names, rows)], device=torch.device("meta"))
+
+
+class _TwoTowers(nn.Module):
+    """Two EBCs at different depths sharing a table name, and a sequence EmbeddingCollection."""
+
+    def __init__(self):
+        super().__init__()
+        from torchrec import EmbeddingCollection, EmbeddingConfig
+
+        self.user = nn.ModuleDict({"tower": _Tower(["shared", "age"], [1000, 50])})
+        self.item = _Tower(["shared", "brand"], [5000, 300])
+        self.history = EmbeddingCollection(tables=[EmbeddingConfig(name="clicks", embedding_dim=16, num_embeddings=800,
+                                                                   feature_names=["clicks"])], device=torch.device("meta"))
+
+
+def test_every_shardable_module_of_a_nested_model_gets_its_path():
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=64, budget=2.0, oracle="analytic")
+    sharding_plan = planner.plan(_TwoTowers(), _sharders())
+    assert {path: set(module_plan) for path, module_plan in sharding_plan.plan.items()} == {
+        "user.tower.bags": {"shared", "age"}, "item.bags": {"shared", "brand"}, "history": {"clicks"}}
+    names = [t.name for t in planner.instance.tables]
+    assert len(set(names)) == len(names) == 5 and not any("." in n for n in names)
+    rows = {t.name: t.rows for t in planner.instance.tables}
+    assert sorted(rows[n] for n in names if "shared" in n) == [1000, 5000]
+    # TorchRec 1.8's EmbeddingCollectionSharder has no table_row_wise: the sequence table never gets it.
+    assert sharding_plan.plan["history"]["clicks"].sharding_type in {"data_parallel", "table_wise", "column_wise", "row_wise"}
+    with pytest.raises(Exception, match="not both"):
+        shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=64, budget=2.0).plan(_TwoTowers(), _sharders())
+
+
+def test_constraints_are_honoured_or_refused_by_table_name():
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    model, sharders = _dlrm_six_tables(), _sharders()
+    constraints = {"t2": ParameterConstraints(sharding_types=["row_wise"], pooling_factors=[7.0]),
+                   "t0": ParameterConstraints(compute_kernels=["fused"])}  # fused only: no data_parallel
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256, constraints=constraints, budget=2.0)
+    module_plan = planner.plan(model, sharders).plan[EBC_PATH]
+    assert module_plan["t2"].sharding_type == "row_wise"
+    tables = {t.name: t for t in planner.instance.tables}
+    assert tables["t2"].pooling_factor == 7.0 and tables["t2"].sharding_types == ("row_wise",)
+    assert "data_parallel" not in tables["t0"].sharding_types
+    for bad, field in [(ParameterConstraints(compute_kernels=["fused_uvm_caching", "key_value"]), "compute_kernels"),
+                       (ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"]), "compute_kernels"),
+                       (ParameterConstraints(sharding_types=["grid_shard"]), "sharding_types"),
+                       (ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), "cache_params")]:
+        planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256, constraints={"t4": bad}, budget=2.0)
+        with pytest.raises(InstanceError) as error:
+            planner.plan(model, sharders)
+        assert str(error.value).startswith(f"constraints['t4'].{field}:") and "\n" not in str(error.value)
+        assert planner.result is None  # refused before planning
+
+
+def test_a_model_that_cannot_fit_raises_torchrecs_planner_error_with_the_reason():
+    from torchrec.distributed.planner import Topology
+    from torchrec.distributed.planner.types import PlannerError
+
+    tiny = Topology(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap=64 * 2**20)
+    planner = shardbench.ShardbenchPlanner(tiny, batch_size=256, budget=2.0)
+    with pytest.raises(PlannerError, match="no plan") as error:
+        planner.plan(_dlrm_six_tables(), _sharders())
+    assert "no member returned a plan" not in str(error.value)
+    assert planner.result is not None and planner.result.plan is None
+
+
+def test_importing_shardbench_leaves_torchrec_unloaded():
+    import subprocess
+    import sys
+
+    code = "import sys, shardbench; print('torchrec' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr[-1000:]
