@@ -124,9 +124,11 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
     from costmodels import get_oracle
     from costmodels.neural import TrainedModel, shipped_model_path
-    from solvers.rl import plot_training, save_policy, shipped_policy_path, train_policy
+    from solvers.rl.storage import save_policy, shipped_policy_path
+    from solvers.rl.training import train_policy
 
     from .suite import load_suite
+    from .training_curve import plot_training
 
     suite = load_suite(args.suite)
     tasks = load_instances(suite.instances)
