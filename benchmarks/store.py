@@ -19,8 +19,9 @@ _NUMBER = (int, float)
 FIELD_TYPES = {"instance": str, "solver": str, "oracle": str, "judge": str, "sharding": str, "time_limit": _NUMBER,
                "seed": int,
                "status": str, "objective": _NUMBER, "balance": _NUMBER, "solve_time": _NUMBER,
-               "lower_bound": _NUMBER, "instance_bound": _NUMBER}
-OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound")
+               "lower_bound": _NUMBER, "instance_bound": _NUMBER, "env": dict}
+# Records written before a field existed lack it: "env" (machine and library versions) came late.
+OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound", "env")
 WITH_A_PLAN = ("balance",)  # required when the record has an objective
 
 

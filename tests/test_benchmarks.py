@@ -2,14 +2,16 @@ import json
 import os
 import time
 
+import numpy as np
 import pytest
 from conftest import make_instance
 
 from shardbench.cli import main
+from benchmarks.environment import LIBRARIES, environment
 from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
 from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
 from benchmarks.runner import run_suite
-from benchmarks.store import read_records
+from benchmarks.store import StoreError, read_records
 from benchmarks.suite import SuiteError, load_suite
 from instances import load_instance, load_plan, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
@@ -87,6 +89,8 @@ def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, mo
     assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
     markdown = leaderboard_markdown(records, "t")
     assert "| test-hangs | 0/2 | 0 | 0 | 0 | 0 | 2 | n/a |" in markdown
+    # Error and timeout rows as well as solved ones say where they were produced.
+    assert all(r["env"] == environment() for r in records)
 
 
 def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
@@ -101,6 +105,28 @@ def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
     assert [r["plan"] for r in second if r["solver"] == "lpt"] == [r["plan"] for r in first if r["solver"] == "lpt"]
     third = run_suite(suite, quiet=True)
     assert len(read_records(suite.results)) == 8 and len(third) == 8
+
+
+def test_records_carry_machine_and_versions_and_stores_without_them_still_read(tmp_path, small_set):
+    suite = load_suite(_write_suite(tmp_path, ["lpt"]))
+    records = run_suite(suite, quiet=True)
+    env = records[0]["env"]
+    assert set(env) == {"machine", "python", *LIBRARIES}
+    assert env["machine"]["cores"] >= 1 and env["machine"]["cpu"] and env["python"].startswith("3.")
+    assert env["numpy"] == np.__version__
+    # A store written before records carried their environment (as the committed ones were) reads, and
+    # its leaderboard is the same as with the field.
+    lines = suite.results.read_text().splitlines()
+    old = [json.loads(line) for line in lines]
+    for record in old:
+        record.pop("env")
+    suite.results.write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert read_records(suite.results) == old
+    assert leaderboard_markdown(old, "t") == leaderboard_markdown(records, "t")
+    old[0]["env"] = "linux"
+    suite.results.write_text("".join(json.dumps(r) + "\n" for r in old))
+    with pytest.raises(StoreError, match="env: wrong type"):
+        read_records(suite.results)
 
 
 def test_leaderboard_counts_infeasible_cells(tmp_path):
