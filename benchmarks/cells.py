@@ -25,7 +25,8 @@ from .suite import Suite
 @dataclass(frozen=True)
 class Cell:
     """`oracle` guides the solver; `judge` prices the plan it returns (the same oracle unless the suite
-    names a judge); `sharding` is the setting the instance is planned under (analysis.setting_types)."""
+    names a judge); `sharding` is the setting the instance is planned under (analysis.setting_types);
+    `instance_set` names the set the instance came from (a suite's grid runs several)."""
 
     instance: Instance
     solver: str
@@ -35,6 +36,7 @@ class Cell:
     judge: str
     sharding: str = TABLE_WISE_SETTING
     deadline: float | None = None  # wall-clock seconds before the cell is killed (default: kill_deadline)
+    instance_set: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -47,7 +49,8 @@ class Cell:
 
     def record_base(self) -> dict:
         return {"instance": self.instance.id, "solver": self.solver, "oracle": self.oracle,
-                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge, "sharding": self.sharding}
+                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge, "sharding": self.sharding,
+                "instance_set": self.instance_set}
 
 
 def cell_deadline(cell: "Cell") -> float:
@@ -78,7 +81,8 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
                     settings = suite.sharding if info.splits else (TABLE_WISE_SETTING,)
                     deadline = None if info.budgeted else suite.peer_deadline
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting, deadline)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting, deadline,
+                                      suite.instances.name)
                                  for setting in settings for s in seeds)
     return cells
 

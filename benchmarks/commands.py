@@ -54,19 +54,20 @@ def _check_executor(args: argparse.Namespace) -> None:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .leaderboard import leaderboard_markdown, leaderboard_plot, update_readme_block
     from .runner import run_suite
-    from .suite import load_suite
+    from .suite import load_suites
 
     _check_executor(args)
-    suite = load_suite(args.suite)
-    records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor, address=args.address)
-    title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
-    markdown = leaderboard_markdown(records, title)
-    write_text_atomic(suite.leaderboard_path, markdown + "\n")
-    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
-    print(markdown)
-    print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
-    if args.readme and not update_readme_block(Path(args.readme), suite.name, markdown):
-        print(f"warning: {args.readme} has no leaderboard:{suite.name} block; not updated", file=sys.stderr)
+    for suite in load_suites(args.suite):  # a grid's suites one after another, each with its own store
+        records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor,
+                            address=args.address)
+        title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
+        markdown = leaderboard_markdown(records, title)
+        write_text_atomic(suite.leaderboard_path, markdown + "\n")
+        leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+        print(markdown)
+        print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
+        if args.readme and not update_readme_block(Path(args.readme), suite.name, markdown):
+            print(f"warning: {args.readme} has no leaderboard:{suite.name} block; not updated", file=sys.stderr)
     return 0
 
 
@@ -157,14 +158,14 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 def _cmd_summarize(args: argparse.Namespace) -> int:
     from .leaderboard import sweep_table
     from .store import read_records
-    from .suite import load_suite
+    from .suite import load_suites
 
     named = []
     for path in args.suites:
-        suite = load_suite(path)
-        if not suite.results.exists():
-            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
-        named.append((suite.name, read_records(suite.results)))
+        for suite in load_suites(path):
+            if not suite.results.exists():
+                raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+            named.append((suite.name, read_records(suite.results)))
     if args.output:
         check_output_path(args.output, "-o")
     table = sweep_table(named, args.metric)
@@ -181,7 +182,7 @@ def add_commands(sub) -> None:
     refit_parser.set_defaults(func=_cmd_refit_recommender)
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard")
-    bench.add_argument("suite")
+    bench.add_argument("suite", help="a suite file; one with a [grid] runs each of its suites in turn")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
     bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
     bench.add_argument("--readme", help="also refresh this README's leaderboard block for the suite")
@@ -219,7 +220,7 @@ def add_commands(sub) -> None:
     policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
     policy.set_defaults(func=_cmd_train_policy)
     summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)")
-    summarize.add_argument("suites", nargs="+")
+    summarize.add_argument("suites", nargs="+", help="suite files; a grid's suites give a row each")
     summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup")
     summarize.add_argument("--title", default="")
     summarize.add_argument("-o", "--output")

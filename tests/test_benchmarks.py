@@ -1,3 +1,4 @@
+import itertools
 import json
 import os
 import time
@@ -5,6 +6,8 @@ import time
 import numpy as np
 import pytest
 from conftest import make_instance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardbench.cli import main
 from benchmarks.environment import LIBRARIES, environment
@@ -12,7 +15,7 @@ from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
 from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
 from benchmarks.runner import run_suite
 from benchmarks.store import StoreError, read_records
-from benchmarks.suite import SuiteError, load_suite
+from benchmarks.suite import SuiteError, load_suite, load_suites
 from instances import load_instance, load_plan, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from instances.sharding import expand
@@ -149,6 +152,74 @@ def test_suite_errors_name_the_field(tmp_path, small_set):
         load_suite(bad)
     with pytest.raises(KeyError, match="unknown solver"):
         load_suite(_write_suite(tmp_path, ["no-such-solver"]))
+
+
+_GRID_SUITE = ('name = "g-{n}"\ndescription = "{n} tables"\ninstances = "set-{n}"\nresults = "out/g-{n}.jsonl"\n'
+               'oracles = ["lookup"]\nsolvers = ["lpt"]\ntime_limits = [1]\nrandom_seeds = [0]\nworkers = 2\n\n'
+               '[grid]\nn = [20, 30]\n')
+
+
+@pytest.fixture
+def grid_suite(tmp_path):
+    for size in (20, 30):
+        tasks = sample_tasks(TaskSpec("autoshard", size, count=1, memory=MemorySpec(tightness=1.5)))
+        save_instance_set(tasks, tmp_path / f"set-{size}", {"protocol": "autoshard"})
+    path = tmp_path / "grid.toml"
+    path.write_text(_GRID_SUITE)
+    return path
+
+
+def test_a_grid_runs_one_suite_per_instance_set_each_with_its_store(grid_suite, capsys):
+    suites = load_suites(grid_suite)
+    assert [s.name for s in suites] == ["g-20", "g-30"] and suites[1].description == "30 tables"
+    with pytest.raises(SuiteError, match="grid: describes 2 suites"):
+        load_suite(grid_suite)
+    assert main(["bench", str(grid_suite)]) == 0
+    out = grid_suite.parent / "out"
+    for n in (20, 30):
+        records = read_records(out / f"g-{n}.jsonl")
+        assert len(records) == 2 and {r["solver"] for r in records} == {"lpt", "random"}
+        assert all(r["instance_set"] == f"set-{n}" and r["num_tables"] == n for r in records)
+        assert f"Suite `g-{n}`: {n} tables" in (out / f"g-{n}.md").read_text()
+    capsys.readouterr()
+    assert main(["summarize", str(grid_suite)]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| g-20", "| g-30"]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('name = "g-{n}"', 'name = "g"', "name: the grid gives g to several suites"),
+    ('results = "out/g-{n}.jsonl"', 'results = "out/g.jsonl"', "results: the grid gives .*g.jsonl to several"),
+    ('results = "out/g-{n}.jsonl"', 'results = "out/g-{m}.jsonl"', "results: {m} is not a grid parameter"),
+    ("n = [20, 30]", "n = [20, 20]", "grid.n: lists a value twice"),
+    ("n = [20, 30]", "n = []", "grid.n: must be a non-empty list"),
+    ("n = [20, 30]", "n = [true]", "grid.n: must be a non-empty list"),
+    ("[grid]\nn = [20, 30]", "grid = 3", "grid: must be a table"),
+    ('instances = "set-{n}"', 'instances = "set-{n}-x"', "instances: .*set-20-x does not exist"),
+])
+def test_grid_errors_name_the_field(grid_suite, capsys, old, new, message):
+    grid_suite.write_text(_GRID_SUITE.replace(old, new))
+    with pytest.raises(SuiteError, match=message):
+        load_suites(grid_suite)
+    assert main(["bench", str(grid_suite)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (grid_suite.parent / "out").exists()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 99), min_size=1, max_size=3, unique=True), min_size=1, max_size=3))
+def test_a_grid_gives_every_combination_once_in_order(tmp_path_factory, values):
+    folder = tmp_path_factory.mktemp("grid")
+    (folder / "set").mkdir()
+    names = [f"p{i}" for i in range(len(values))]
+    placeholders = "-".join("{" + name + "}" for name in names)
+    grid = "".join(f"{name} = {listed}\n" for name, listed in zip(names, values))
+    (folder / "s.toml").write_text(f'name = "s-{placeholders}"\ninstances = "set"\nresults = "r-{placeholders}.jsonl"\n'
+                                   f'oracles = ["lookup"]\nsolvers = ["lpt"]\n\n[grid]\n{grid}')
+    suites = load_suites(folder / "s.toml")
+    expected = ["s-" + "-".join(str(v) for v in combination) for combination in itertools.product(*values)]
+    assert [s.name for s in suites] == expected
+    assert [s.results.name for s in suites] == [f"r{name[1:]}.jsonl" for name in expected]
 
 
 # ---------------------------------------------------------------- CLI end to end
