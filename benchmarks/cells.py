@@ -17,6 +17,7 @@ from solvers import Budget, Candidates, best_option_bound, get_solver, run_solve
 from solvers.base import incompatibility
 
 from .analysis import TABLE_WISE_SETTING, setting_types
+from .environment import environment
 from .metrics import degree_of_balance
 from .suite import Suite
 
@@ -24,7 +25,8 @@ from .suite import Suite
 @dataclass(frozen=True)
 class Cell:
     """`oracle` guides the solver; `judge` prices the plan it returns (the same oracle unless the suite
-    names a judge); `sharding` is the setting the instance is planned under (analysis.setting_types)."""
+    names a judge); `sharding` is the setting the instance is planned under (analysis.setting_types);
+    `instance_set` names the set the instance came from (a suite's grid runs several)."""
 
     instance: Instance
     solver: str
@@ -34,6 +36,7 @@ class Cell:
     judge: str
     sharding: str = TABLE_WISE_SETTING
     deadline: float | None = None  # wall-clock seconds before the cell is killed (default: kill_deadline)
+    instance_set: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -46,7 +49,8 @@ class Cell:
 
     def record_base(self) -> dict:
         return {"instance": self.instance.id, "solver": self.solver, "oracle": self.oracle,
-                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge, "sharding": self.sharding}
+                "time_limit": self.time_limit, "seed": self.seed, "judge": self.judge, "sharding": self.sharding,
+                "instance_set": self.instance_set}
 
 
 def cell_deadline(cell: "Cell") -> float:
@@ -77,7 +81,8 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
                     settings = suite.sharding if info.splits else (TABLE_WISE_SETTING,)
                     deadline = None if info.budgeted else suite.peer_deadline
-                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting, deadline)
+                    cells.extend(Cell(instance, solver, oracle, time_limit, s, suite.judge or oracle, setting, deadline,
+                                      suite.instances.name)
                                  for setting in settings for s in seeds)
     return cells
 
@@ -106,12 +111,15 @@ def execute_cell(cell: Cell) -> dict:
                       memory_capacity=instance.topology.memory_bytes, types_used=result.plan.sharding_types(),
                       plan=compact(result.plan, instance))
     record["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the cell's process
+    record["env"] = environment()
     return record
 
 
 def error_record(cell: Cell, message: str, elapsed: float, status: str = "error") -> dict:
+    """The record of a cell that left none of its own (an error, a death, a kill); `env` is that of the
+    process writing it."""
     return {**cell.record_base(), "status": status, "error": message, "solve_time": elapsed,
-            "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices}
+            "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices, "env": environment()}
 
 
 def outcome_record(outcome: Outcome) -> dict:

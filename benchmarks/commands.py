@@ -54,24 +54,24 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .leaderboard import publish_leaderboard
     from .runner import run_suite
     from .store import read_records
-    from .suite import load_suite
+    from .suite import load_suites
 
     _check_executor(args)
     if args.render_only and args.fresh:
         raise BudgetError("--render-only: renders the stored results; --fresh would discard them")
-    suite = load_suite(args.suite)
-    if args.output is not None:
-        check_output_path(Path(args.output) / suite.results.name, "-o")
-        suite = suite.relocated(Path(args.output))
-    if args.render_only:
-        if not suite.results.exists():
-            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
-        records = read_records(suite.results)
-    else:
-        records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor,
-                            address=args.address)
-    print(publish_leaderboard(suite, records))
-    print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
+    for suite in load_suites(args.suite):  # a grid's suites one after another, each with its own store
+        if args.output is not None:
+            check_output_path(Path(args.output) / suite.results.name, "-o")
+            suite = suite.relocated(Path(args.output))
+        if args.render_only:
+            if not suite.results.exists():
+                raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+            records = read_records(suite.results)
+        else:
+            records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor,
+                                address=args.address)
+        print(publish_leaderboard(suite, records))
+        print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
     return 0
 
 
@@ -129,9 +129,11 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
     from costmodels import get_oracle
     from costmodels.neural import TrainedModel, shipped_model_path
-    from solvers.rl import plot_training, save_policy, shipped_policy_path, train_policy
+    from solvers.rl.storage import save_policy, shipped_policy_path
+    from solvers.rl.training import train_policy
 
     from .suite import load_suite
+    from .training_curve import plot_training
 
     suite = load_suite(args.suite)
     tasks = load_instances(suite.instances)
@@ -160,14 +162,14 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 def _cmd_summarize(args: argparse.Namespace) -> int:
     from .leaderboard import sweep_table
     from .store import read_records
-    from .suite import load_suite
+    from .suite import load_suites
 
     named = []
     for path in args.suites:
-        suite = load_suite(path)
-        if not suite.results.exists():
-            raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
-        named.append((suite.name, read_records(suite.results)))
+        for suite in load_suites(path):
+            if not suite.results.exists():
+                raise StoreError(f"{suite.results}: suite {suite.name} has no results yet; run `shardbench bench`")
+            named.append((suite.name, read_records(suite.results)))
     if args.output:
         check_output_path(args.output, "-o")
     table = sweep_table(named, args.metric)
@@ -185,7 +187,7 @@ def add_commands(sub) -> None:
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard and plot (a suite "
                            "storing under benchmarks/results publishes them under docs/results)")
-    bench.add_argument("suite")
+    bench.add_argument("suite", help="a suite file; one with a [grid] runs each of its suites in turn")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
     bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
     bench.add_argument("-o", "--output", metavar="DIR", help="keep the results store, leaderboard and plot in DIR "
@@ -226,7 +228,7 @@ def add_commands(sub) -> None:
     policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
     policy.set_defaults(func=_cmd_train_policy)
     summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)")
-    summarize.add_argument("suites", nargs="+")
+    summarize.add_argument("suites", nargs="+", help="suite files; a grid's suites give a row each")
     summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup")
     summarize.add_argument("--title", default="")
     summarize.add_argument("-o", "--output")

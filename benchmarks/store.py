@@ -19,8 +19,10 @@ _NUMBER = (int, float)
 FIELD_TYPES = {"instance": str, "solver": str, "oracle": str, "judge": str, "sharding": str, "time_limit": _NUMBER,
                "seed": int,
                "status": str, "objective": _NUMBER, "balance": _NUMBER, "solve_time": _NUMBER,
-               "lower_bound": _NUMBER, "instance_bound": _NUMBER}
-OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound")
+               "lower_bound": _NUMBER, "instance_bound": _NUMBER, "env": dict, "instance_set": str}
+# Records written before a field existed lack it: "env" (machine and library versions) and
+# "instance_set" came late.
+OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound", "env", "instance_set")
 WITH_A_PLAN = ("balance",)  # required when the record has an objective
 
 

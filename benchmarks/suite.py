@@ -1,9 +1,13 @@
 """Benchmark suites: a TOML file naming an instance set, solvers, oracles, time limits and seeds.
-Paths inside a suite are relative to the suite file."""
+Paths inside a suite are relative to the suite file. A `[grid]` table of parameter = [values] makes the
+file a family of suites, one per combination of values, each with its own instance set and results
+store: `{parameter}` in name, description, instances and results stands for the value."""
 from __future__ import annotations
 
+import itertools
 import math
 import os
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -17,6 +21,7 @@ MAX_WORKERS = 1024
 _ROOT = Path(__file__).resolve().parent.parent
 STORES = _ROOT / "benchmarks" / "results"
 PAGES = _ROOT / "docs" / "results"
+MAX_GRID_POINTS = 1024  # suites one file may describe
 
 
 class SuiteError(ValueError):
@@ -64,7 +69,9 @@ def page_path(store: Path, suffix: str) -> Path:
 
 
 _KNOWN = {"name", "description", "instances", "solvers", "oracles", "time_limits", "seeds", "random_seeds",
-          "results", "workers", "judge", "sharding", "peer_deadline"}
+          "results", "workers", "judge", "sharding", "peer_deadline", "grid"}
+GRID_FIELDS = ("name", "description", "instances", "results")  # where a grid parameter's {name} is replaced
+_PARAMETER = re.compile(r"\{(\w+)\}")
 
 
 def _settings(data: dict, path: Path) -> tuple[str, ...]:
@@ -104,7 +111,46 @@ def _seeds(data: dict, key: str, path: Path, default: list[int]) -> tuple[int, .
     return seeds
 
 
-def load_suite(path: str | Path) -> Suite:
+def _grid_points(data: dict, path: Path) -> list[dict[str, str]]:
+    """Every combination of the grid's values (the first parameter varies slowest), as text; one empty
+    point without a grid."""
+    grid = data.get("grid", {})
+    if not isinstance(grid, dict):
+        raise SuiteError(f"{path}: grid: must be a table of parameter = [values]")
+    values = {}
+    for key, listed in grid.items():
+        if not re.fullmatch(r"\w+", key):
+            raise SuiteError(f"{path}: grid.{key}: a parameter name is letters, digits and underscores")
+        if not isinstance(listed, list) or not listed or \
+                not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in listed):
+            raise SuiteError(f"{path}: grid.{key}: must be a non-empty list of strings or numbers")
+        texts = [str(v) for v in listed]
+        if len(set(texts)) != len(texts):
+            raise SuiteError(f"{path}: grid.{key}: lists a value twice")
+        values[key] = texts
+    if math.prod(len(v) for v in values.values()) > MAX_GRID_POINTS:
+        raise SuiteError(f"{path}: grid: more than {MAX_GRID_POINTS} combinations")
+    return [dict(zip(values, combination)) for combination in itertools.product(*values.values())]
+
+
+def _at_point(data: dict, point: dict[str, str], path: Path) -> dict:
+    """The suite's fields with the grid point's values in place of their {parameter}s."""
+    if not point:
+        return data
+    fields = dict(data)
+    for key in GRID_FIELDS:
+        value = data.get(key)
+        if not isinstance(value, str):
+            continue  # the member's own checks name it
+        unknown = next((name for name in _PARAMETER.findall(value) if name not in point), None)
+        if unknown is not None:
+            raise SuiteError(f"{path}: {key}: {{{unknown}}} is not a grid parameter")
+        fields[key] = _PARAMETER.sub(lambda match: point[match.group(1)], value)
+    return fields
+
+
+def load_suites(path: str | Path) -> tuple[Suite, ...]:
+    """The suites a file describes: itself, or one per point of its grid (in the grid's order)."""
     path = Path(path)
     if path.is_dir():
         raise SuiteError(f"{path}: is a directory, not a suite file")
@@ -117,6 +163,26 @@ def load_suite(path: str | Path) -> Suite:
     unknown = sorted(set(data) - _KNOWN)
     if unknown:
         raise SuiteError(f"{path}: {unknown[0]}: unknown field")
+    suites = tuple(_member(_at_point(data, point, path), path) for point in _grid_points(data, path))
+    for key in ("name", "results"):
+        seen = [getattr(suite, key) for suite in suites]
+        shared = next((value for value in seen if seen.count(value) > 1), None)
+        if shared is not None:
+            raise SuiteError(f"{path}: {key}: the grid gives {shared} to several suites; name every grid "
+                             f"parameter in {key}")
+    return suites
+
+
+def load_suite(path: str | Path) -> Suite:
+    """The one suite of a file (a grid of one point included)."""
+    suites = load_suites(path)
+    if len(suites) > 1:
+        raise SuiteError(f"{path}: grid: describes {len(suites)} suites; this command takes a single suite")
+    return suites[0]
+
+
+def _member(data: dict, path: Path) -> Suite:
+    """One suite from its fields, every field checked."""
     for key in ("name", "instances", "results"):
         if not isinstance(data.get(key), str) or not data[key]:
             raise SuiteError(f"{path}: {key}: missing or not a non-empty string")

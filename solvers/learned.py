@@ -7,7 +7,7 @@ from .candidates import Problem
 
 def _policy_solver(algorithm: str, polish: bool):
     def solve(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-        from .rl import solve_with_policy
+        from .rl.solving import solve_with_policy
 
         return solve_with_policy(algorithm, polish, problem, budget, seed)
     return solve

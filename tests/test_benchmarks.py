@@ -1,17 +1,22 @@
+import itertools
 import json
 import os
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import make_instance
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shardbench.cli import main
+from benchmarks.environment import LIBRARIES, environment
 from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
 from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
 from benchmarks.runner import run_suite
-from benchmarks.store import read_records
-from benchmarks.suite import SuiteError, load_suite
+from benchmarks.store import StoreError, read_records
+from benchmarks.suite import SuiteError, load_suite, load_suites
 from instances import load_instance, load_plan, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from instances.sharding import expand
@@ -88,6 +93,8 @@ def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, mo
     assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
     markdown = leaderboard_markdown(records, "t")
     assert "| test-hangs | 0/2 | 0 | 0 | 0 | 0 | 2 | n/a |" in markdown
+    # Error and timeout rows as well as solved ones say where they were produced.
+    assert all(r["env"] == environment() for r in records)
 
 
 def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
@@ -102,6 +109,28 @@ def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
     assert [r["plan"] for r in second if r["solver"] == "lpt"] == [r["plan"] for r in first if r["solver"] == "lpt"]
     third = run_suite(suite, quiet=True)
     assert len(read_records(suite.results)) == 8 and len(third) == 8
+
+
+def test_records_carry_machine_and_versions_and_stores_without_them_still_read(tmp_path, small_set):
+    suite = load_suite(_write_suite(tmp_path, ["lpt"]))
+    records = run_suite(suite, quiet=True)
+    env = records[0]["env"]
+    assert set(env) == {"machine", "python", *LIBRARIES}
+    assert env["machine"]["cores"] >= 1 and env["machine"]["cpu"] and env["python"].startswith("3.")
+    assert env["numpy"] == np.__version__
+    # A store written before records carried their environment (as the committed ones were) reads, and
+    # its leaderboard is the same as with the field.
+    lines = suite.results.read_text().splitlines()
+    old = [json.loads(line) for line in lines]
+    for record in old:
+        record.pop("env")
+    suite.results.write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert read_records(suite.results) == old
+    assert leaderboard_markdown(old, "t") == leaderboard_markdown(records, "t")
+    old[0]["env"] = "linux"
+    suite.results.write_text("".join(json.dumps(r) + "\n" for r in old))
+    with pytest.raises(StoreError, match="env: wrong type"):
+        read_records(suite.results)
 
 
 def test_leaderboard_counts_infeasible_cells(tmp_path):
@@ -124,6 +153,74 @@ def test_suite_errors_name_the_field(tmp_path, small_set):
         load_suite(bad)
     with pytest.raises(KeyError, match="unknown solver"):
         load_suite(_write_suite(tmp_path, ["no-such-solver"]))
+
+
+_GRID_SUITE = ('name = "g-{n}"\ndescription = "{n} tables"\ninstances = "set-{n}"\nresults = "out/g-{n}.jsonl"\n'
+               'oracles = ["lookup"]\nsolvers = ["lpt"]\ntime_limits = [1]\nrandom_seeds = [0]\nworkers = 2\n\n'
+               '[grid]\nn = [20, 30]\n')
+
+
+@pytest.fixture
+def grid_suite(tmp_path):
+    for size in (20, 30):
+        tasks = sample_tasks(TaskSpec("autoshard", size, count=1, memory=MemorySpec(tightness=1.5)))
+        save_instance_set(tasks, tmp_path / f"set-{size}", {"protocol": "autoshard"})
+    path = tmp_path / "grid.toml"
+    path.write_text(_GRID_SUITE)
+    return path
+
+
+def test_a_grid_runs_one_suite_per_instance_set_each_with_its_store(grid_suite, capsys):
+    suites = load_suites(grid_suite)
+    assert [s.name for s in suites] == ["g-20", "g-30"] and suites[1].description == "30 tables"
+    with pytest.raises(SuiteError, match="grid: describes 2 suites"):
+        load_suite(grid_suite)
+    assert main(["bench", str(grid_suite)]) == 0
+    out = grid_suite.parent / "out"
+    for n in (20, 30):
+        records = read_records(out / f"g-{n}.jsonl")
+        assert len(records) == 2 and {r["solver"] for r in records} == {"lpt", "random"}
+        assert all(r["instance_set"] == f"set-{n}" and r["num_tables"] == n for r in records)
+        assert f"Suite `g-{n}`: {n} tables" in (out / f"g-{n}.md").read_text()
+    capsys.readouterr()
+    assert main(["summarize", str(grid_suite)]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [row.split(" | ")[0] for row in rows] == ["| g-20", "| g-30"]
+
+
+@pytest.mark.parametrize("old, new, message", [
+    ('name = "g-{n}"', 'name = "g"', "name: the grid gives g to several suites"),
+    ('results = "out/g-{n}.jsonl"', 'results = "out/g.jsonl"', "results: the grid gives .*g.jsonl to several"),
+    ('results = "out/g-{n}.jsonl"', 'results = "out/g-{m}.jsonl"', "results: {m} is not a grid parameter"),
+    ("n = [20, 30]", "n = [20, 20]", "grid.n: lists a value twice"),
+    ("n = [20, 30]", "n = []", "grid.n: must be a non-empty list"),
+    ("n = [20, 30]", "n = [true]", "grid.n: must be a non-empty list"),
+    ("[grid]\nn = [20, 30]", "grid = 3", "grid: must be a table"),
+    ('instances = "set-{n}"', 'instances = "set-{n}-x"', "instances: .*set-20-x does not exist"),
+])
+def test_grid_errors_name_the_field(grid_suite, capsys, old, new, message):
+    grid_suite.write_text(_GRID_SUITE.replace(old, new))
+    with pytest.raises(SuiteError, match=message):
+        load_suites(grid_suite)
+    assert main(["bench", str(grid_suite)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+    assert not (grid_suite.parent / "out").exists()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 99), min_size=1, max_size=3, unique=True), min_size=1, max_size=3))
+def test_a_grid_gives_every_combination_once_in_order(tmp_path_factory, values):
+    folder = tmp_path_factory.mktemp("grid")
+    (folder / "set").mkdir()
+    names = [f"p{i}" for i in range(len(values))]
+    placeholders = "-".join("{" + name + "}" for name in names)
+    grid = "".join(f"{name} = {listed}\n" for name, listed in zip(names, values))
+    (folder / "s.toml").write_text(f'name = "s-{placeholders}"\ninstances = "set"\nresults = "r-{placeholders}.jsonl"\n'
+                                   f'oracles = ["lookup"]\nsolvers = ["lpt"]\n\n[grid]\n{grid}')
+    suites = load_suites(folder / "s.toml")
+    expected = ["s-" + "-".join(str(v) for v in combination) for combination in itertools.product(*values)]
+    assert [s.name for s in suites] == expected
+    assert [s.results.name for s in suites] == [f"r{name[1:]}.jsonl" for name in expected]
 
 
 # ---------------------------------------------------------------- CLI end to end
@@ -218,8 +315,7 @@ def test_committed_stores_publish_their_pages_under_docs_results():
     assert page_path(STORES / "sweeps" / "x.jsonl", ".md") == PAGES / "sweeps" / "x.md"
     assert page_path(Path("/elsewhere/x.jsonl"), ".png") == Path("/elsewhere/x.png")
     suites = sorted((Path(__file__).parent.parent / "benchmarks" / "suites").glob("*.toml"))
-    published = [load_suite(path) for path in suites]
-    published = [suite for suite in published if suite.results.exists()]
+    published = [suite for path in suites for suite in load_suites(path) if suite.results.exists()]
     assert published
     for suite in published:
         assert suite.leaderboard_path.is_relative_to(PAGES) and suite.leaderboard_path.exists(), suite.name

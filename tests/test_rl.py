@@ -5,16 +5,10 @@ import torch
 from costmodels.neural import CostNet, TrainedModel
 from instances import Workload
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
-from solvers.rl import (
-    AutoShardPolicy,
-    DreamShardPolicy,
-    ShardingMDP,
-    load_policy,
-    play,
-    save_policy,
-    train_policy,
-    vtrace_targets,
-)
+from solvers.rl.mdp import ShardingMDP
+from solvers.rl.policies import AutoShardPolicy, DreamShardPolicy, play
+from solvers.rl.storage import load_policy, save_policy
+from solvers.rl.training import train_policy, vtrace_targets
 
 
 @pytest.fixture(autouse=True)

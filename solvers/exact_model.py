@@ -1,9 +1,9 @@
-"""Exact planning for additive oracles: one option per table and a device for every free piece, chosen
-together, minimising the max device cost under memory. The model is described once (`build_model`) and
-handed to two backends: CP-SAT on integer-scaled costs and a MILP through PuLP (CBC or HiGHS). Both start
-from the split-aware heuristic (a complete hint / MIP start), break the symmetry of interchangeable
-devices, and report the bound they proved; a plan is called optimal only when that bound meets it, and
-then it is optimal over the enumerated options (`optimal_over: "enumerated options"`).
+"""The exact model for additive oracles, described once for its two backends (solvers.cpsat, solvers.milp):
+one option per table and a device for every free piece, chosen together, minimising the max device cost
+under memory. Both backends start from the split-aware heuristic (a complete hint / MIP start), break the
+symmetry of interchangeable devices, and report the bound they proved; a plan is called optimal only when
+that bound meets it, and then it is optimal over the enumerated options (`optimal_over: "enumerated
+options"`).
 
 Variables: y[o] picks option o of a table (a constant where a table has one option); a free option of c
 equal pieces has n[o, d] ∈ 0..c pieces on device d with Σ_d n = c·y; a node option has z[o, node] with
@@ -13,39 +13,25 @@ table at position q (costliest first) may only use the first U_q + c of them, U_
 the tables before it can hold at most."""
 from __future__ import annotations
 
-import os
-import re
-import tempfile
 import time
-import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
 from .assembly import Assembly
 from .base import (
     OPTIMALITY_TOLERANCE,
-    TIME_LIMIT_SLACK,
     Budget,
     Cause,
     NoPlan,
     SolveResult,
     Status,
-    infeasible,
     order_by_cost,
-    register,
 )
 from .bounds import best_option_bound, lp_bound
 from .candidates import Candidates, Problem
 from .search import searched
 
-SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
-# MILP bounds hold only up to the solvers' feasibility and integrality tolerances (1e-6 per row and per
-# variable): a CBC "optimum" on a split model lay 3.5e-6 above a plan CP-SAT found. Give back 5e-6
-# (half of OPTIMALITY_TOLERANCE, so that a MILP optimum still certifies itself).
-MILP_BOUND_SLACK = 5e-6
-MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
 # With splits the model is larger and CP-SAT or HiGHS rarely beat local search within seconds (on 80 × 8
 # DLRM tasks they returned its start at 10 s, while a longer start closed a third of the gap): half the
@@ -294,7 +280,7 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
 # ---------------------------------------------------------------- finishing
 
 
-def _finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: float, start: ExactStart,
+def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: float, start: ExactStart,
             stats: dict, failure: NoPlan | None = None) -> SolveResult:
     """The better of the model's plan and the heuristic start; optimal only when the proven bound meets the
     plan's true objective. Without either plan, `failure` says why."""
@@ -326,19 +312,19 @@ def _finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound:
     return SolveResult(status, plan=best, lower_bound=bound, stats=stats)
 
 
-def _prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:
+def prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:
     """The start, and a finished result where the model need not (or cannot) run."""
     start = exact_start(problem, budget, seed)
     if start.proven():
-        return start, _finish(problem, None, start.lower_bound, start,
+        return start, finish(problem, None, start.lower_bound, start,
                               {"backend": backend, "note": "the heuristic start meets the lower bound"})
     return start, None
 
 
-def _too_large(problem: Problem, start: ExactStart, backend: str, size: int) -> SolveResult | None:
+def too_large(problem: Problem, start: ExactStart, backend: str, size: int) -> SolveResult | None:
     if size <= MAX_MODEL_VARIABLES:
         return None
-    return _finish(problem, None, start.lower_bound, start, {
+    return finish(problem, None, start.lower_bound, start, {
         "backend": backend, "variables": size,
         "note": f"model of {size} variables is too large to build and solve within the budget; the heuristic plan "
                 "with the best bound known"})
@@ -354,255 +340,3 @@ def model_size(candidates: Candidates) -> int:
             placement = candidates.placement(int(o))
             size += 1 + (k if placement == "free" else k // per_node if placement == "node" else 0)
     return size
-
-
-# ---------------------------------------------------------------- CP-SAT
-
-
-@dataclass(frozen=True)
-class IntegerCosts:
-    """Cost coefficients as integers for CP-SAT: cost / top × unit, rounded, where the tables' heaviest
-    options together make SCALED_TOTAL units. Dividing by the largest cost first makes tiny and huge costs
-    scale alike. All-zero costs give a pure feasibility model."""
-
-    unit: float
-    top: float
-
-    @classmethod
-    def of(cls, candidates: Candidates) -> "IntegerCosts":
-        live = np.concatenate([candidates.members(int(o)) for o in np.flatnonzero(candidates.live)])
-        top = float(candidates.priced.costs[live].max(initial=0.0))
-        heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)
-        if top <= 0 or heaviest <= 0:
-            return cls(1.0, 1.0)
-        return cls(SCALED_TOTAL / (heaviest / top), top)
-
-    def scale(self, cost: float) -> int:
-        return int(round(cost / self.top * self.unit))
-
-    def to_cost(self, units: float) -> float:
-        return units / self.unit * self.top
-
-
-@register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
-          "symmetry breaking and a complete hint", exact=True, needs_additive=True, splits=True)
-def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
-    from ortools.sat.python import cp_model
-
-    started = time.monotonic()
-    start, done = _prelude(problem, budget, seed, "cpsat")
-    if done is not None:
-        return done
-    candidates = problem.candidates
-    too_large = _too_large(problem, start, "cpsat", model_size(candidates))
-    if too_large is not None:
-        return too_large
-    model = build_model(candidates, start)
-    integer = IntegerCosts.of(candidates)
-    cp = cp_model.CpModel()
-    variables = [cp.NewIntVar(int(lo), int(hi), name) for lo, hi, name in zip(model.lower, model.upper, model.names)]
-    for terms, coefficients, rhs in model.choices:
-        cp.Add(sum(c * variables[v] for v, c in zip(terms, coefficients)) == rhs)
-    # A device's true load × scale differs from its integer load by at most the sum, over its terms, of
-    # the term's largest multiplicity × its positive rounding error: the proven bound gives that back.
-    slack, rows = 0.0, []
-    for terms, costs in model.costs:
-        scaled = [integer.scale(c) for c in costs]
-        errors = [max(0.0, s - c / integer.top * integer.unit) * model.upper[v] for v, s, c in zip(terms, scaled, costs)]
-        slack = max(slack, float(sum(errors)))
-        rows.append((terms, scaled))
-    hinted = [sum(s * model.hint[v] for v, s in zip(terms, scaled)) for terms, scaled in rows]
-    # Without a start, the most any device could carry bounds the makespan.
-    upper = int(max(hinted) if start.assembly is not None else
-                max(sum(s * model.upper[v] for v, s in zip(terms, scaled)) for terms, scaled in rows))
-    lower = int(min(max(0.0, np.floor(start.lower_bound / integer.top * integer.unit - slack)), upper))
-    makespan = cp.NewIntVar(lower, upper, "makespan")
-    loads = []
-    for d, (terms, scaled) in enumerate(rows):
-        load = cp.NewIntVar(0, upper, f"load{d}")
-        cp.Add(load == sum(s * variables[v] for v, s in zip(terms, scaled)))
-        cp.Add(load <= makespan)
-        loads.append(load)
-    for terms, needs in model.memory:
-        cp.Add(sum(n * variables[v] for v, n in zip(terms, needs)) <= model.capacity)
-    cp.Minimize(makespan)
-    if start.assembly is not None:
-        for var, value in zip(variables, model.hint):
-            cp.AddHint(var, int(round(value)))
-        for load, value in zip(loads, hinted):
-            cp.AddHint(load, int(value))
-        cp.AddHint(makespan, upper)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, budget.time_limit - (time.monotonic() - started))
-    solver.parameters.num_workers = workers or os.cpu_count() or 1
-    solver.parameters.random_seed = seed
-    if len(variables) > 20000:
-        solver.parameters.cp_model_probing_level = 0  # probing stalls on large models with few cores
-    code = solver.Solve(cp)
-    stats = {"backend": "cpsat", "cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
-             "rounding_slack_units": slack, "rounding_error_bound": integer.to_cost(slack),
-             "variables": len(variables), "wall_time": solver.WallTime()}
-    if code == cp_model.INFEASIBLE and start.assembly is None:
-        return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
-    if code == cp_model.MODEL_INVALID:
-        raise RuntimeError(f"CP-SAT rejected the model: {cp.Validate()}")
-    found = None
-    if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        found = decode(candidates, model, [solver.Value(v) for v in variables])
-    proven = integer.to_cost(solver.BestObjectiveBound() - slack)
-    return _finish(problem, found, max(start.lower_bound, proven), start, stats)
-
-
-# ---------------------------------------------------------------- MILP via PuLP
-
-
-def _highs_with_start(time_limit: float, use_start: bool):
-    import highspy
-    import pulp
-
-    class HiGHSWithStart(pulp.HiGHS):
-        """PuLP's HiGHS, also handing HiGHS the MIP start (the variables' initial values) and keeping
-        its proven dual bound."""
-
-        def callSolver(self, lp):
-            if use_start:
-                solution = highspy.HighsSolution()
-                solution.col_value = [var.varValue or 0.0 for var in lp.variables()]
-                solution.value_valid = True
-                lp.solverModel.setSolution(solution)
-            lp.solverModel.run()
-            self.dual_bound = lp.solverModel.getInfo().mip_dual_bound
-
-    return HiGHSWithStart(msg=False, timeLimit=time_limit, gapRel=0.0, threads=1)
-
-
-_CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
-
-
-@dataclass(frozen=True)
-class MilpRun:
-    """One backend run: the solution values (if any), its proven bound in model units, PuLP's statuses."""
-
-    values: list[float] | None
-    raw_bound: float | None
-    infeasible: bool
-    stats: dict
-
-
-def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_limit: float, seed: int,
-              memory_room: float, use_start: bool) -> MilpRun:
-    """Solves the model with costs in units of `unit` and every device's memory (in units of its
-    capacity) held to `memory_room`."""
-    import pulp
-
-    problem = pulp.LpProblem("plan", pulp.LpMinimize)
-    # A hair of room above the hint: CBC's presolve otherwise can round the hint itself out of the model.
-    upper = (model.makespan_hint / unit if use_start else
-             sum(max(c, default=0.0) for _, c in model.costs) / unit + 1.0) * (1 + 1e-7)
-    makespan = problem.add_variable("makespan", lowBound=min(lower / unit, upper), upBound=upper)
-    variables = [problem.add_variable(name, lowBound=lo, upBound=hi, cat="Binary" if hi == 1 else "Integer")
-                 for name, lo, hi in zip(model.names, model.lower, model.upper)]
-    problem += makespan
-    for terms, coefficients, rhs in model.choices:
-        problem += pulp.lpSum(c * variables[v] for v, c in zip(terms, coefficients)) == rhs
-    for terms, costs in model.costs:
-        problem += pulp.lpSum(c / unit * variables[v] for v, c in zip(terms, costs)) <= makespan
-    for terms, needs in model.memory:
-        problem += pulp.lpSum(n / model.capacity * variables[v] for v, n in zip(terms, needs)) <= memory_room
-    if use_start:
-        for var, value in zip(variables, model.hint):
-            var.setInitialValue(value)
-        makespan.setInitialValue(upper)
-    if backend == "highs":
-        solver = _highs_with_start(time_limit, use_start)
-        problem.solve(solver)
-        raw_bound = solver.dual_bound
-    else:
-        with tempfile.TemporaryDirectory() as scratch:
-            log = Path(scratch) / "cbc.log"
-            with warnings.catch_warnings():
-                # PuLP 3.3 flags its bundled CBC for removal in 4.0; pyproject keeps PuLP below 3.4.
-                warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, warmStart=use_start,
-                                           threads=1, logPath=str(log), options=[f"randomSeed {seed + 1}"])
-            problem.solve(solver)
-            text = log.read_text() if log.exists() else ""
-        # CBC's summary prints "Lower bound" rounded to 3 decimals, which can round *up* past the truth;
-        # its progress lines carry "best possible" to 7 significant digits (covered by MILP_BOUND_SLACK).
-        progress = _CBC_BEST_POSSIBLE.findall(text)
-        if problem.sol_status == pulp.LpSolutionOptimal:
-            raw_bound = makespan.varValue
-        else:
-            raw_bound = float(progress[-1]) if progress else None
-    stats = {"pulp_status": pulp.LpStatus[problem.status], "solution_status": pulp.LpSolution[problem.sol_status],
-             "variables": len(variables)}
-    # CBC reports a proven infeasibility in the problem status while the solution status only says
-    # "no solution"; HiGHS sets both.
-    infeasible_model = problem.sol_status == pulp.LpSolutionInfeasible or problem.status == pulp.LpStatusInfeasible
-    values = None
-    if problem.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        values = [var.varValue or 0.0 for var in variables]
-    return MilpRun(values, raw_bound, infeasible_model, stats)
-
-
-def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResult:
-    started = time.monotonic()
-    start, done = _prelude(problem, budget, seed, backend)
-    if done is not None:
-        return done
-    candidates = problem.candidates
-    too_large = _too_large(problem, start, backend, model_size(candidates))
-    if too_large is not None:
-        return too_large
-    model = build_model(candidates, start)
-    k = candidates.num_devices
-    heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)
-    unit = heaviest / k if heaviest > 0 else 1.0  # costs in units of the average load keep the LP well scaled
-    capacity = candidates.instance.topology.memory_bytes
-    use_start = start.assembly is not None
-
-    def remaining() -> float:
-        return max(1.0, budget.time_limit - (time.monotonic() - started))
-
-    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start)
-    stats = {"backend": backend, **run.stats}
-    if run.infeasible and not use_start:
-        return infeasible(f"{backend} proved that no plan over the enumerated options fits the memory capacity")
-    if run.infeasible:
-        stats["note"] = "solver called the model infeasible although the heuristic start satisfies it"
-    found, failure = None, None
-    if run.values is not None:
-        found = decode(candidates, model, run.values)
-        over = max(candidates.plan(*found).memory_per_device(candidates.instance)) - capacity
-        if over > 0:
-            # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
-            # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
-            stats["first_plan_overflow_bytes"] = int(over)
-            failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
-            retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
-                              1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE), use_start)
-            stats["retry_status"] = retry.stats["solution_status"]
-            found = decode(candidates, model, retry.values) if retry.values is not None else None
-            if found is not None and max(candidates.plan(*found).memory_per_device(candidates.instance)) > capacity:
-                found = None
-    raw_bound = run.raw_bound
-    usable = raw_bound is not None and np.isfinite(raw_bound)
-    proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0
-    stats["solver_bound"] = proven
-    ran_out = time.monotonic() - started >= TIME_LIMIT_SLACK * budget.time_limit
-    if found is None and not use_start and failure is None and not ran_out:
-        raise RuntimeError(f"{backend} stopped after {time.monotonic() - started:.2f} s without a plan or a "
-                           f"verdict (status {stats['pulp_status']}, solution {stats['solution_status']})")
-    return _finish(problem, found, max(start.lower_bound, proven), start, stats, failure)
-
-
-@register("milp-cbc", "MILP via PuLP with CBC: option per table and devices together, MIP start from the heuristic",
-          exact=True, needs_additive=True, splits=True)
-def milp_cbc(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return milp(problem, budget, seed, "cbc")
-
-
-@register("milp-highs", "MILP via PuLP with HiGHS (highspy): option per table and devices together, MIP start from "
-          "the heuristic", exact=True, needs_additive=True, splits=True)
-def milp_highs(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return milp(problem, budget, seed, "highs")
