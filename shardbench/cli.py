@@ -23,7 +23,7 @@ from instances import (
     save_plan,
 )
 from instances.dlrm_loader import load_raw_tables
-from instances.io import check_output_path, write_json_atomic
+from instances.io import check_output_path, write_bytes_atomic, write_json_atomic
 from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
@@ -45,6 +45,7 @@ from .recommend import RecommenderError
 from .rows_cli import add_commands as add_row_commands
 
 EXIT_NO_PLAN = 3
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
 
 
@@ -145,21 +146,14 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
 
 
 def save_torch_atomic(obj, path: str) -> None:
-    import os
-    import tempfile
+    """torch.save through the atomic writer (torch's own file writer reports a full disk as a RuntimeError)."""
+    import io
 
     import torch
 
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        torch.save(obj, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    write_bytes_atomic(path, buffer.getvalue())
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -495,9 +489,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, BudgetError,
-            FileExistsError, FileNotFoundError, RecommenderError, *HARNESS_ERRORS) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            OSError, RecommenderError, *HARNESS_ERRORS) as exc:
+        print(f"error: {' '.join(_describe(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _describe(exc: Exception) -> str:
+    """An error's line: an OSError from the system (a read-only or full disk) by its path and cause."""
+    if isinstance(exc, OSError) and exc.strerror:
+        paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+        return f"{' -> '.join(map(str, paths))}: {exc.strerror}" if paths else f"{exc.strerror}"
+    return str(exc)
 
 
 def entry() -> int:
