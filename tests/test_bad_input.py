@@ -63,7 +63,7 @@ def _writers(work):
         "export-torchrec": lambda o: ["export-torchrec", str(work / "plan.json"), "--instance",
                                       str(work / "pooled.json"), "-o", str(o / "plan.pt")],
         "instances sample": lambda o: ["instances", "sample", "--tables", "2", "--devices", "1", "--count", "1",
-                                       "--out", str(o / "set")],
+                                       "-o", str(o / "set")],
         "flexshard": lambda o: ["flexshard", instance, "-o", str(o / "tiers.json")],
         "bench": lambda o: ["bench", str(work / "suite.toml")],
     }, out
@@ -197,7 +197,7 @@ def test_a_huge_world_size_is_refused_before_torchrec_objects_are_built(tmp_path
     spec = {"tables": [{"name": "t", "num_embeddings": 10, "embedding_dim": 8}], "world_size": 10**7,
             "local_world_size": 8, "hbm_cap": "80GiB", "batch_size": 64}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    assert main(["instances", "import-torchrec", str(tmp_path / "spec.json"), "--out", str(tmp_path / "i.json")]) == 2
+    assert main(["instances", "import-torchrec", str(tmp_path / "spec.json"), "-o", str(tmp_path / "i.json")]) == 2
     line = _one_error_line(capsys)
     assert "world_size" in line and str(importer.MAX_DEVICES) in line
     assert not (tmp_path / "i.json").exists()
