@@ -38,6 +38,7 @@ from solvers import (
     solver_names,
 )
 
+from solvers.base import memory_infeasibility
 from solvers.bounds import gap_to_bound
 
 from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, examples, number, sharding_types
@@ -156,16 +157,35 @@ def save_torch_atomic(obj, path: str) -> None:
     write_bytes_atomic(path, buffer.getvalue())
 
 
+def cannot_fit(instance: Instance) -> str | None:
+    """Why no plan of the instance fits memory, by the solvers' own proof (memory_infeasibility over the
+    options, priced by the cheap lookup oracle: memory is the instance's, whatever the oracle), or None.
+    Whole tables that each fit a device and fit the devices in all cannot trip that proof, which spares
+    large instances building their options."""
+    memory, capacity = instance.table_memory(), instance.topology.memory_bytes
+    if sum(memory) <= capacity * instance.num_devices and all(
+            "table_wise" in instance.allowed_types(table) and need <= capacity
+            for table, need in zip(instance.tables, memory)):
+        return None
+    return memory_infeasibility(Problem(instance, get_oracle("lookup")))
+
+
 def _cmd_validate(args: argparse.Namespace) -> int:
-    failed = 0
+    failed = unfit = 0
     for path in args.paths:
         try:
             instances = load_instances(path)
-            print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
         except InstanceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed += 1
-    return EXIT_ERROR if failed else 0
+            continue
+        reasons = [(instance.id, why) for instance in instances if (why := cannot_fit(instance))]
+        for instance_id, why in reasons:
+            print(f"error: {path}: {instance_id} cannot fit: {why}", file=sys.stderr)
+        unfit += bool(reasons)
+        if not reasons:
+            print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
+    return EXIT_ERROR if failed else EXIT_NO_PLAN if unfit else 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -244,6 +264,10 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from .workloads import workload_features
 
     instance = _question(args)
+    why = cannot_fit(instance)
+    if why:
+        print(f"no plan: {instance.id} cannot fit: {why}", file=sys.stderr)
+        return EXIT_NO_PLAN
     rules = Rules.load(args.rules) if args.rules else Rules.load()
     features = workload_features(instance, args.oracle, args.budget)
     ranking, source = rules.recommend(features)
@@ -278,7 +302,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if len(outputs) < 3 or Path(args.instance).resolve() in outputs:
             raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plan or each other")
     from .api import choose_portfolio
-    from .portfolio import SAFETY_NET, run_portfolio
+    from .portfolio import SAFETY_NET, optimal_over, run_portfolio
 
     instance = _question(args)
     if args.solvers:
@@ -289,15 +313,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         portfolio = choose_portfolio(instance, args.oracle, args.budget, args.rules)
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
     result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed)
-    for m in sorted(result.members, key=lambda m: (m.objective is None, m.objective or 0)):
-        line = f"  {m.solver:<14} {m.status:<9} {m.seconds:7.2f} s"
+    kept = [m for m in result.members if m.solver == result.solver]
+    others = sorted((m for m in result.members if m.solver != result.solver),
+                    key=lambda m: (m.objective is None, m.objective or 0))
+    for m in kept + others:
+        line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
         if m.objective is not None:
-            line += f"  objective {m.objective:.6g}"
-        print(line + f"  [{m.problem}]" + (f"  ({m.error[:120]})" if m.error else ""))
+            line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
+        print(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
+    for skipped in result.skipped:
+        print(f"  skipped {skipped}")
     if result.stopped_early:
         print("  a proven optimum stopped the others")
     if result.plan is None:
-        print(f"no plan within {result.wall_s:.1f} s", file=sys.stderr)
+        print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
     sharding_plan = None
     if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
@@ -305,13 +334,19 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         sharding_plan = to_torchrec(instance, result.plan)
     oracle = get_oracle(args.oracle)
-    gap = result.gap
-    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}"
-          + (f", bound {result.bound:.6g}, gap {gap:.4%}" if gap is not None else ", no bound") + f"; {result.wall_s:.1f} s")
+    gap, scope = result.gap, optimal_over(instance)
+    types = result.plan.sharding_types()
+    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}; {result.wall_s:.1f} s")
+    print("  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()))
+    print(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {scope}" if gap is not None
+          else "  certificate: none (no member proved a bound)")
     save_plan(result.plan, instance, args.output, report={
         "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
         "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
-        "wall_seconds": result.wall_s, "sharding_types": list(instance.sharding_types)})
+        "optimal_over": scope, "sharding_type_counts": types, "wall_seconds": result.wall_s,
+        "sharding_types": list(instance.sharding_types),
+        "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
+                     "seconds": m.seconds, "reason": m.why} for m in result.members]})
     print(f"plan written to {args.output}")
     if sharding_plan is not None:
         save_torchrec(sharding_plan, args.torchrec_out, torchrec_sidecar(args.torchrec_out))
