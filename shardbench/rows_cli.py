@@ -3,13 +3,14 @@ tables) and `shardbench buckets` (bucket ranges and resharding for a collision-f
 from __future__ import annotations
 
 import argparse
+import io
 from dataclasses import asdict
 
 import numpy as np
 
 from costmodels.flexshard import FlexParams
 from instances import Instance, InstanceError, PlanError, load_instance
-from instances.io import check_output_path, write_json_atomic
+from instances.io import check_output_path, write_bytes_atomic, write_json_atomic
 from instances.model import BucketPlan, TieringPlan
 from instances.rowdist import row_source
 from solvers.buckets import (
@@ -76,8 +77,10 @@ def plot_frontier(shard: FlexShard, path: str, title: str) -> None:
     ax.set_ylabel("marginal memory vs RW (GiB per GPU)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_bytes_atomic(path, image.getvalue())
 
 
 def cmd_flexshard(args: argparse.Namespace) -> int:

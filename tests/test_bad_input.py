@@ -65,11 +65,12 @@ def _writers(work):
         "instances sample": lambda o: ["instances", "sample", "--tables", "2", "--devices", "1", "--count", "1",
                                        "-o", str(o / "set")],
         "flexshard": lambda o: ["flexshard", instance, "-o", str(o / "tiers.json")],
+        "flexshard --plot": lambda o: ["flexshard", instance, "--plot", str(o / "frontier.png")],
         "bench": lambda o: ["bench", str(work / "suite.toml")],
     }, out
 
 
-WRITERS = ("solve", "plan", "export-torchrec", "instances sample", "flexshard", "bench")
+WRITERS = ("solve", "plan", "export-torchrec", "instances sample", "flexshard", "flexshard --plot", "bench")
 
 
 def _one_error_line(capsys) -> str:
