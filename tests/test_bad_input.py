@@ -47,8 +47,9 @@ def _writers(work):
     (work / "instance.json").write_text(_json(instance_to_dict(base_instance())))
     pooled = replace(base_instance(), tables=base_instance().tables[:2])  # TorchRec's EBC takes pooled tables
     a, b = pooled.tables
-    plan = Plan(pooled.id, (TableSharding("column_wise", (Shard(0, (0, a.rows), (0, 8)), Shard(1, (0, a.rows), (8, 16)))),
-                            TableSharding("table_wise", (Shard(1, (0, b.rows), (0, b.dim)),))))
+    halves = (Shard(0, (0, a.rows), (0, 8)), Shard(1, (0, a.rows), (8, 16)))
+    whole = (Shard(1, (0, b.rows), (0, b.dim)),)
+    plan = Plan(pooled.id, (TableSharding("column_wise", halves), TableSharding("table_wise", whole)))
     (work / "pooled.json").write_text(_json(instance_to_dict(pooled)))
     (work / "plan.json").write_text(_json(plan_to_dict(plan, pooled)))
     (work / "set").mkdir()

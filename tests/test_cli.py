@@ -157,8 +157,8 @@ def test_no_plan_names_every_member_cause():
     from shardbench.portfolio import Member, PortfolioResult
     from solvers import SolveResult, Status
 
-    crashed = PortfolioResult(None, None, None, None, 1.0, (Member("a", None, 0.1, True, "ValueError: boom"),
-                                                            Member("b", None, 0.2, False, "process died (exit code -9)")))
+    crashed = PortfolioResult(None, None, None, None, 1.0, (
+        Member("a", None, 0.1, True, "ValueError: boom"), Member("b", None, 0.2, False, "process died (exit code -9)")))
     assert crashed.no_plan_reason == "every member failed: a: ValueError: boom; b: process died (exit code -9)"
     mixed = PortfolioResult(None, None, None, None, 3.0, (
         Member("a", SolveResult(Status.NO_PLAN, reason="ran out of time"), 3.0, True),
