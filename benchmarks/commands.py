@@ -10,7 +10,7 @@ import numpy as np
 
 from instances import InstanceError, load_instances
 from instances.io import check_output_path, write_json_atomic, write_text_atomic
-from shardbench.args import POSITIVE, SEED, TIME_LIMIT, number
+from shardbench.args import POSITIVE, SEED, TIME_LIMIT, examples, number
 from solvers import BudgetError
 
 from .distributed import RayUnavailableError
@@ -18,6 +18,7 @@ from .store import StoreError
 from .suite import MAX_WORKERS, SuiteError
 
 ERRORS = (StoreError, SuiteError, RayUnavailableError)  # bad input of these commands: one line, exit 2
+SUITES = "benchmarks/suites"  # as the examples name the shipped suites, from the repository root
 
 
 def _cmd_refit_recommender(args: argparse.Namespace) -> int:
@@ -76,7 +77,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_measure(args: argparse.Namespace) -> int:
-    check_output_path(args.out, "--out")
+    check_output_path(args.output, "-o")
     _check_executor(args)
     from functools import partial
 
@@ -93,14 +94,14 @@ def _cmd_measure(args: argparse.Namespace) -> int:
         run_many = partial(ray_map, address=args.address, workers=args.workers)
     with Progress() as bar:
         task = bar.add_task("measuring", total=args.combos)
-        written = collect(Path(args.out), args.combos, args.max_tables, args.batch, args.seed, protocol,
+        written = collect(Path(args.output), args.combos, args.max_tables, args.batch, args.seed, protocol,
                           progress=lambda n: bar.update(task, completed=n), run_many=run_many)
-    print(f"measured {written} new combinations into {args.out}")
+    print(f"measured {written} new combinations into {args.output}")
     return 0
 
 
 def _cmd_train_costmodel(args: argparse.Namespace) -> int:
-    check_output_path(args.out, "--out")
+    check_output_path(args.output, "-o")
     from rich.progress import Progress
 
     from costmodels.dataset import load_dataset
@@ -116,11 +117,11 @@ def _cmd_train_costmodel(args: argparse.Namespace) -> int:
                                    progress=lambda e: bar.update(task, completed=e))
         except ValueError as exc:  # a dataset that parses but cannot be learned from (one split empty, ...)
             raise InstanceError(args.dataset, str(exc)) from exc
-    model.save(Path(args.out))
+    model.save(Path(args.output))
     for split, m in metrics.items():
         print(f"{split}: MAE {m['mae_s'] * 1e3:.3f} ms, MAPE {m['mape']:.2%}, R² {m['r2']:.4f}, "
               f"Kendall τ {m['kendall_tau']:.4f} ({m['count']} combinations)")
-    print(f"weights and normalisation written to {args.out}")
+    print(f"weights and normalisation written to {args.output}")
     return 0
 
 
@@ -140,7 +141,7 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
     cost_model = Path(args.cost_model) if args.cost_model else shipped_model_path(f"neural-{args.algo}")
     model = TrainedModel.load(cost_model)
     real = get_oracle(args.real_oracle) if args.algo == "dreamshard" and args.real_oracle != "none" else None
-    out = Path(args.out) if args.out else shipped_policy_path(args.algo)
+    out = Path(args.output) if args.output else shipped_policy_path(args.algo)
     with Progress(TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn()) as bar:
         task = bar.add_task(f"training {args.algo}", total=args.time_budget)
         policy, log = train_policy(args.algo, tasks, model, args.time_budget, args.seed, real_oracle=real,
@@ -180,16 +181,23 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    refit_parser = sub.add_parser("refit-recommender", help="refit the planner-choice rules from workloads-* stores")
-    refit_parser.add_argument("suites", nargs="*", help="suite files (default: benchmarks/suites/workloads-*.toml)")
+    refit_parser = sub.add_parser("refit-recommender", help="refit the planner-choice rules from workloads-* stores",
+                                  epilog=examples("shardbench refit-recommender -o rules.json",
+                                                  f"shardbench refit-recommender {SUITES}/workloads-200x16.toml "
+                                                  f"{SUITES}/workloads-800x128.toml -o rules.json"))
+    refit_parser.add_argument("suites", nargs="*", help="suite files, each store once (default: "
+                              "benchmarks/suites/workloads-*.toml)")
     refit_parser.add_argument("-o", "--output", help="rules file (default: the shipped one)")
     refit_parser.set_defaults(func=_cmd_refit_recommender)
 
     bench = sub.add_parser("bench", help="run a benchmark suite (TOML) and write its leaderboard and plot (a suite "
-                           "storing under benchmarks/results publishes them under docs/results)")
+                           "storing under benchmarks/results publishes them under docs/results)",
+                           epilog=examples(f"shardbench bench {SUITES}/quick.toml --workers 2 -o build/quick",
+                                           f"shardbench bench {SUITES}/vs-torchrec-80x8.toml --render-only"))
     bench.add_argument("suite", help="a suite file; one with a [grid] runs each of its suites in turn")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
-    bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"))
+    bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"),
+                       help="cells run at once (default: the suite's)")
     bench.add_argument("-o", "--output", metavar="DIR", help="keep the results store, leaderboard and plot in DIR "
                        "instead (default: the suite's own store and pages)")
     bench.add_argument("--render-only", action="store_true", help="rewrite the leaderboard and plot from the stored "
@@ -197,39 +205,53 @@ def add_commands(sub) -> None:
     _executor_arguments(bench, "cell")
     bench.set_defaults(func=_cmd_bench)
 
-    measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)")
-    measure.add_argument("--combos", type=POSITIVE, default=2000)
-    measure.add_argument("--max-tables", type=POSITIVE, default=15)
-    measure.add_argument("--batch", type=POSITIVE, default=4096)
-    measure.add_argument("--seed", type=SEED, default=0)
+    measure = sub.add_parser("measure", help="measure a cost dataset of pool-table combinations (FBGEMM)",
+                             epilog=examples("shardbench measure --combos 200 -o dataset.jsonl"))
+    measure.add_argument("--combos", type=POSITIVE, default=2000, help="table combinations to measure")
+    measure.add_argument("--max-tables", type=POSITIVE, default=15, help="tables per combination at most")
+    measure.add_argument("--batch", type=POSITIVE, default=4096, help="batch size of the timed lookups")
+    measure.add_argument("--seed", type=SEED, default=0, help="seed of the combinations drawn")
     measure.add_argument("--max-rows", type=POSITIVE, default=1 << 18, help="CPU: rows allocated per table at most")
-    measure.add_argument("--out", required=True, help="JSON-lines dataset (appended to; a rerun resumes)")
+    measure.add_argument("-o", "--output", "--out", dest="output", required=True,
+                         help="JSON-lines dataset (appended to; a rerun resumes)")
     _executor_arguments(measure, "combination")
     measure.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"),
                          help="ray: tasks in flight at most (default: one per GPU, or per CPU without GPUs)")
     measure.set_defaults(func=_cmd_measure)
-    train = sub.add_parser("train", help="train a learned component").add_subparsers(dest="train_command",
-                                                                                     required=True)
-    costmodel = train.add_parser("costmodel", help="train a neural cost oracle on a measured dataset")
-    costmodel.add_argument("--dataset", required=True)
-    costmodel.add_argument("--model", choices=("autoshard", "dreamshard"), default="autoshard")
-    costmodel.add_argument("--epochs", type=POSITIVE, default=300)
-    costmodel.add_argument("--seed", type=SEED, default=0)
-    costmodel.add_argument("--out", required=True)
+    train = sub.add_parser("train", help="train a learned component (a neural cost model or a sharding policy)",
+                           epilog=examples("shardbench train costmodel --dataset dataset.jsonl -o model.pt",
+                                           f"shardbench train policy --algo dreamshard --suite {SUITES}/rl-q1.toml")
+                           ).add_subparsers(dest="train_command", required=True, metavar="command")
+    costmodel = train.add_parser("costmodel", help="train a neural cost oracle on a measured dataset",
+                                 epilog=examples("shardbench train costmodel --dataset dataset.jsonl --model "
+                                                 "dreamshard -o neural-dreamshard.pt"))
+    costmodel.add_argument("--dataset", required=True, help="a dataset written by `shardbench measure`")
+    costmodel.add_argument("--model", choices=("autoshard", "dreamshard"), default="autoshard",
+                           help="which paper's network")
+    costmodel.add_argument("--epochs", type=POSITIVE, default=300, help="training epochs")
+    costmodel.add_argument("--seed", type=SEED, default=0, help="training seed")
+    costmodel.add_argument("-o", "--output", "--out", dest="output", required=True,
+                           help="weights and normalisation file to write")
     costmodel.set_defaults(func=_cmd_train_costmodel)
-    policy = train.add_parser("policy", help="train an AutoShard or DreamShard sharding policy")
-    policy.add_argument("--algo", choices=("autoshard", "dreamshard"), required=True)
+    policy = train.add_parser("policy", help="train an AutoShard or DreamShard sharding policy",
+                              epilog=examples(f"shardbench train policy --algo autoshard --suite {SUITES}/rl-q1.toml "
+                                              "--time-budget 120 -o policy.pt"))
+    policy.add_argument("--algo", choices=("autoshard", "dreamshard"), required=True, help="which paper's policy")
     policy.add_argument("--suite", required=True, help="a suite whose instance set holds the training tasks")
     policy.add_argument("--time-budget", type=TIME_LIMIT, default=600.0, help="seconds of training")
-    policy.add_argument("--seed", type=SEED, default=0)
+    policy.add_argument("--seed", type=SEED, default=0, help="training seed")
     policy.add_argument("--cost-model", help="cost network weights (default: the shipped neural-<algo>)")
-    policy.add_argument("--real-oracle", default="measured", help="DreamShard's periodic real rollouts ('none' to skip)")
-    policy.add_argument("--out", help="default: the shipped policy file")
+    policy.add_argument("--real-oracle", default="measured",
+                        help="the oracle of DreamShard's periodic real rollouts ('none' to skip)")
+    policy.add_argument("-o", "--output", "--out", dest="output", help="the policy file (default: the shipped one)")
     policy.add_argument("--curve", help="training curve PNG (default: next to the weights)")
     policy.set_defaults(func=_cmd_train_policy)
-    summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)")
-    summarize.add_argument("suites", nargs="+", help="suite files; a grid's suites give a row each")
-    summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup")
-    summarize.add_argument("--title", default="")
-    summarize.add_argument("-o", "--output")
+    summarize = sub.add_parser("summarize", help="one table of a metric across several suites (a sweep)",
+                               epilog=examples(f"shardbench summarize {SUITES}/rl-dlrm.toml --metric gap -o sweep.md"))
+    summarize.add_argument("suites", nargs="+", help="suite files whose stores hold results; a grid's suites give a "
+                           "row each")
+    summarize.add_argument("--metric", choices=("speedup", "balance", "gap"), default="speedup",
+                           help="the metric tabled")
+    summarize.add_argument("--title", default="", help="a title line above the table (default: none)")
+    summarize.add_argument("-o", "--output", help="write the table here as Markdown (default: printed only)")
     summarize.set_defaults(func=_cmd_summarize)

@@ -16,7 +16,7 @@ from solvers import get_solver
 
 from .analysis import INSTANCE_SETTING, TABLE_WISE_SETTING, setting_of
 from .store import read_records
-from .suite import load_suite
+from .suite import Suite, load_suite
 
 SUITES_DIR = Path(__file__).parent / "suites"
 FAMILY_PREFIX = "workloads-"
@@ -26,12 +26,26 @@ def family_suites(directory: Path = SUITES_DIR) -> list[Path]:
     return sorted(directory.glob(f"{FAMILY_PREFIX}*.toml"))
 
 
+def distinct_stores(suite_paths: Iterable[Path]) -> list[Suite]:
+    """The suites, each store once: a store read twice (the same suite given twice, or two suites naming one
+    store) would put a family's workloads on both sides of the leave-one-family-out split."""
+    suites, first = [], {}
+    for path in suite_paths:
+        suite = load_suite(path)
+        store = suite.results.resolve()
+        if store in first:
+            raise RecommenderError(f"{path}: its results store {suite.results} is also that of {first[store]}; give "
+                                   "each store once")
+        first[store] = path
+        suites.append(suite)
+    return suites
+
+
 def collect_evidence(suite_paths: Iterable[Path]) -> list[Workload]:
     """Workloads of the suites' stores. A whole-table solver's plan is a plan of the split problem too, so
     it competes in both settings; a splitting solver's only in its own."""
     workloads = []
-    for path in suite_paths:
-        suite = load_suite(path)
+    for suite in distinct_stores(suite_paths):
         if not suite.results.exists():
             raise RecommenderError(f"{suite.results}: no results store for suite {suite.name} (run it first)")
         try:

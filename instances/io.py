@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -64,19 +65,37 @@ def check_output_path(path: str | Path, what: str = "output") -> Path:
     return path
 
 
-def write_text_atomic(path: str | Path, text: str) -> None:
-    """Writes via a temporary sibling and a rename; the file gets the permissions the umask gives a new file."""
-    path = check_output_path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextmanager
+def _writing_to(path: Path):
+    """Turns an OSError while writing `path` (its temporary sibling, its folder) into one that names `path`
+    itself, so the user reads which output failed (a read-only folder, a full disk), not a temporary name."""
     try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        yield
+    except OSError as exc:
+        if exc.errno is None:
+            raise
+        raise OSError(exc.errno, exc.strerror, str(path)) from exc
+
+
+def write_bytes_atomic(path: str | Path, data: bytes) -> None:
+    """Writes via a temporary sibling and a rename, removing the sibling when anything fails; the file gets
+    the permissions the umask gives a new file."""
+    path = check_output_path(path)
+    with _writing_to(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.chmod(tmp, 0o666 & ~_umask())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> None:
+    write_bytes_atomic(path, text.encode("utf-8"))
 
 
 def write_json_atomic(path: str | Path, data: Any) -> None:
@@ -121,8 +140,9 @@ def save_instance_set(instances: Iterable[Instance], folder: str | Path, descrip
     if folder.exists():
         raise FileExistsError(f"{folder}: already exists; choose another folder or remove it first")
     check_output_path(folder, "instance-set folder")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
+    with _writing_to(folder):
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
         files = []
         for instance in instances:
@@ -132,8 +152,9 @@ def save_instance_set(instances: Iterable[Instance], folder: str | Path, descrip
             save_instance(instance, staging / name)
             files.append(name)
         write_json_atomic(staging / MANIFEST, {**description, "instances": files})
-        os.chmod(staging, 0o777 & ~_umask())
-        os.replace(staging, folder)
+        with _writing_to(folder):
+            os.chmod(staging, 0o777 & ~_umask())
+            os.replace(staging, folder)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import re
+from dataclasses import replace
+from decimal import Decimal
 from typing import Any, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
-from instances.model import SHARDING_TYPES
+from instances.model import MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
 
 from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
 
@@ -63,9 +66,22 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
 
 
 SPEC_FIELDS = ("tables", "world_size", "hbm_cap", "batch_size")
-SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "id")
+SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "id", "optimizer", "ddr_cap", "ssd_cap")
 TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim")
 TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled")
+# Planning this many devices is already beyond this machine; TorchRec's Topology alone takes seconds at 2^16.
+MAX_DEVICES = 2**16
+# Units of a size string: decimal (as disks are sold) and binary (as memory is); a bare number is bytes.
+SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+              "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+SIZE_UNITS_TEXT = "B, KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024; any case"
+MIN_CAPACITY = 2**20  # per device; less is a size given in the wrong unit (hbm_cap = 80 meant as GB)
+# Memory tiers beyond the device's own are not modelled yet: such a capacity is read, checked and refused.
+UNMODELLED_CAPACITIES = {"ddr_cap": "host memory", "ssd_cap": "SSD storage"}
+# TorchRec's (FBGEMM's) optimizer names for the state we model, besides our own names.
+OPTIMIZER_ALIASES = {"exact_sgd": "sgd", "exact_adagrad": "adagrad", "row_wise_adagrad": "rowwise_adagrad",
+                     "exact_row_wise_adagrad": "rowwise_adagrad"}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*")
 
 
 def _positive(value, path: str, kind=int) -> Any:
@@ -73,6 +89,44 @@ def _positive(value, path: str, kind=int) -> Any:
     if not ok or not math.isfinite(value) or value <= 0:
         raise InstanceError(path, f"must be a positive {'integer' if kind is int else 'number'}, got {value!r}")
     return value
+
+
+def size_bytes(value: Any, path: str) -> int:
+    """A size in bytes from a number of bytes or a string with a unit ("80GiB", "1.5 TB"): the one rule for
+    every size the spec takes."""
+    if isinstance(value, str):
+        match = _SIZE.fullmatch(value)
+        unit = match.group(2).upper() if match else None
+        if match is None or (unit and unit not in SIZE_UNITS):
+            raise InstanceError(path, f"must be a number of bytes or a number with a unit ({SIZE_UNITS_TEXT}), "
+                                f"got {value!r}")
+        amount = Decimal(match.group(1)) * SIZE_UNITS[unit or "B"]
+    elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        amount = Decimal(value)
+    else:
+        raise InstanceError(path, f"must be a number of bytes or a string with a unit such as \"80GiB\", got {value!r}")
+    if amount != amount.to_integral_value():
+        raise InstanceError(path, f"must be a whole number of bytes, got {value!r}")
+    if not 0 < amount <= MAX_MEMORY_BYTES:
+        raise InstanceError(path, f"must be between 1 B and {MAX_MEMORY_BYTES} B, got {value!r}")
+    return int(amount)
+
+
+def capacity_bytes(value: Any, path: str) -> int:
+    """A per-device capacity: a size of at least MIN_CAPACITY."""
+    size = size_bytes(value, path)
+    if size < MIN_CAPACITY:
+        raise InstanceError(path, f"{size} B per device is less than 1 MiB, likely a unit mistake; give bytes or a "
+                            f"string with a unit, e.g. \"80GiB\"")
+    return size
+
+
+def _optimizer(value: Any) -> str:
+    name = OPTIMIZER_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in OPTIMIZERS:
+        raise InstanceError("optimizer", f"must be one of {OPTIMIZERS} (or TorchRec's {tuple(OPTIMIZER_ALIASES)}), "
+                            f"got {value!r}")
+    return name
 
 
 def _fields(data: Any, path: str, required, optional) -> dict:
@@ -88,16 +142,35 @@ def _fields(data: Any, path: str, required, optional) -> dict:
 
 
 def instance_from_spec(spec: Any) -> Instance:
-    """An instance from a small spec in TorchRec's field names (see README), through TorchRec's objects."""
-    torchrec = load_torchrec()
-    from torchrec.distributed.planner import ParameterConstraints
-    from torchrec.distributed.planner import Topology as TorchRecTopology
-
+    """An instance from a small spec in TorchRec's field names (see README), through TorchRec's objects.
+    The cluster's sizes are checked before any TorchRec object is built (its Topology holds one object per
+    device)."""
     spec = _fields(spec, "", SPEC_FIELDS, SPEC_OPTIONAL)
     if not isinstance(spec["tables"], list) or not spec["tables"]:
         raise InstanceError("tables", "must be a non-empty list")
     world = _positive(spec["world_size"], "world_size")
+    if world > MAX_DEVICES:
+        raise InstanceError("world_size", f"{world} devices is more than this planner takes ({MAX_DEVICES})")
     local = _positive(spec.get("local_world_size", world), "local_world_size")
+    if world % local:
+        raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
+    hbm = capacity_bytes(spec["hbm_cap"], "hbm_cap")
+    for key, tier in UNMODELLED_CAPACITIES.items():
+        if key in spec:
+            capacity_bytes(spec[key], key)
+            raise InstanceError(key, f"{tier} ({key}) is not modelled yet: plans use device memory (hbm_cap) "
+                                "only; leave it out")
+    optimizer = _optimizer(spec.get("optimizer", "sgd"))
+    batch_size = _positive(spec["batch_size"], "batch_size")
+    bandwidths = {key: _positive(spec[key], key, float) / MS for key in ("intra_host_bw", "inter_host_bw") if key in spec}
+    instance_id = spec.get("id", "torchrec")
+    if not isinstance(instance_id, str) or not instance_id:
+        raise InstanceError("id", "must be a non-empty string")
+
+    torchrec = load_torchrec()
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+
     configs, constraints = [], {}
     data_types = {"fp32": torchrec.DataType.FP32, "fp16": torchrec.DataType.FP16, "bf16": torchrec.DataType.BF16,
                   "int8": torchrec.DataType.INT8}
@@ -129,11 +202,7 @@ def instance_from_spec(spec: Any) -> Instance:
         configs.append(config_type(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[name],
                                    data_type=data_types[data_type]))
         constraints[name] = ParameterConstraints(pooling_factors=[float(f) for f in factors], sharding_types=types)
-    hbm = _positive(spec["hbm_cap"], "hbm_cap")
-    bandwidths = {key: _positive(spec[key], key, float) / MS for key in ("intra_host_bw", "inter_host_bw") if key in spec}
     topology = TorchRecTopology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=hbm,
                                 **bandwidths)
-    instance_id = spec.get("id", "torchrec")
-    if not isinstance(instance_id, str) or not instance_id:
-        raise InstanceError("id", "must be a non-empty string")
-    return from_torchrec(configs, topology, constraints, _positive(spec["batch_size"], "batch_size"), instance_id)
+    instance = from_torchrec(configs, topology, constraints, batch_size, instance_id)
+    return replace(instance, workload=replace(instance.workload, optimizer=optimizer)).validate()

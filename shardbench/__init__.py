@@ -4,7 +4,8 @@ TorchRec adapters (its estimator as the `torchrec` oracle, its planner as the `t
 into the registries; torchrec itself loads only when `ShardbenchPlanner` is first used."""
 import interop  # noqa: F401  (registration happens on import)
 
-from .api import load_plan, plan, save_sharding_plan
+from .api import plan
+from .planfiles import load_plan, save_sharding_plan
 from .portfolio import Member, PortfolioResult
 
 __all__ = ["Member", "PortfolioResult", "ShardbenchPlanner", "load_plan", "plan", "save_sharding_plan"]

@@ -11,8 +11,27 @@ from solvers import MAX_SEED, MAX_TIME_LIMIT
 EXIT_ERROR = 2
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's help ends with its default (unless it has none, or says it itself); descriptions and
+    examples keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is None or default is argparse.SUPPRESS or isinstance(default, bool)
+                or not action.option_strings):
+            return text
+        shown = ",".join(default) if isinstance(default, tuple) else "%(default)s"
+        return f"{text} (default: {shown})"
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse that reports a bad argument in one line (no usage block) and exits 2."""
+    """argparse that reports a bad argument in one line (no usage block) and exits 2, and formats help with
+    HelpFormatter (its subcommands' parsers too)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         self.exit(EXIT_ERROR, f"error: {self.prog}: {message}\n")
@@ -34,6 +53,11 @@ def number(kind, low=None, high=None, low_open=False, what="value"):
         return value
     parse.__name__ = what  # argparse names the type in its messages
     return parse
+
+
+def examples(*lines: str) -> str:
+    """A subcommand's epilog: the command lines shown under its help."""
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines)
 
 
 TIME_LIMIT = number(float, 0, MAX_TIME_LIMIT, low_open=True, what="seconds")

@@ -38,14 +38,17 @@ from solvers import (
     solver_names,
 )
 
+from solvers.base import memory_infeasibility
 from solvers.bounds import gap_to_bound
 
-from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, number, sharding_types
+from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, examples, number, sharding_types
 from .demo import add_command as add_demo_command
+from .planfiles import sidecar_path, write_plan_files
 from .recommend import RecommenderError
 from .rows_cli import add_commands as add_row_commands
 
 EXIT_NO_PLAN = 3
+EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
 
 
@@ -72,7 +75,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
                    "nodes": spec.nodes, "sharding_types": list(spec.sharding_types),
                    "batch_size": spec.workload.batch_size,
                    "pool": str(args.pool) if args.pool else "dlrm_t856 (embedded)"}
-    folder = save_instance_set(tasks, args.out, description)
+    folder = save_instance_set(tasks, args.output, description)
     print(f"wrote {len(tasks)} instances to {folder}")
     return 0
 
@@ -88,12 +91,12 @@ def load_raw_pool(path: str):
 
 
 def _cmd_import_raw(args: argparse.Namespace) -> int:
-    check_output_path(args.out, "--out")
+    check_output_path(args.output, "-o")
     tables = load_raw_tables(args.file)
     records = [{"row": t.rows, "pooling_factor": t.pooling_factor,
                 **{f"bin_{b}": share for b, share in enumerate(t.reuse_bins)}} for t in tables]
-    write_json_atomic(args.out, records)
-    print(f"wrote pool of {len(records)} tables to {args.out}")
+    write_json_atomic(args.output, records)
+    print(f"wrote pool of {len(records)} tables to {args.output}")
     return 0
 
 
@@ -103,30 +106,17 @@ def _cmd_import_torchrec(args: argparse.Namespace) -> int:
     from instances.io import read_text
     from interop.importer import instance_from_spec
 
-    check_output_path(args.out, "--out")
+    check_output_path(args.output, "-o")
     text = read_text(args.spec, "spec")
     try:
         spec = tomllib.loads(text) if str(args.spec).endswith(".toml") else json.loads(text)
     except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
         raise InstanceError(args.spec, f"not valid {'TOML' if str(args.spec).endswith('.toml') else 'JSON'} ({exc})") from exc
     instance = instance_from_spec(spec)
-    save_instance(instance, args.out)
+    save_instance(instance, args.output)
     print(f"wrote {instance.id}: {instance.num_tables} tables on {instance.topology.nodes} node(s) × "
-          f"{instance.topology.devices_per_node} devices to {args.out}")
+          f"{instance.topology.devices_per_node} devices to {args.output}")
     return 0
-
-
-def torchrec_sidecar(output: str) -> str:
-    """Where the readable JSON of a ShardingPlan written to `output` goes by default."""
-    return str(Path(output).with_suffix(".sharding.json"))
-
-
-def save_torchrec(sharding_plan, output: str, sidecar: str) -> None:
-    """A TorchRec ShardingPlan (torch.save) and, at `sidecar`, its readable per-table ParameterSharding."""
-    from interop.export import readable
-
-    save_torch_atomic(sharding_plan, output)
-    write_json_atomic(sidecar, readable(sharding_plan))
 
 
 def module_path(text: str) -> str:
@@ -144,46 +134,47 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
     from interop.export import to_torchrec
 
     check_output_path(args.output, "-o")
-    sidecar = args.json or torchrec_sidecar(args.output)
+    sidecar = args.json or sidecar_path(args.output)
     check_output_path(sidecar, "--json")
     if len({Path(p).resolve() for p in (args.plan, args.output, sidecar)}) < 3:
         raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    save_torchrec(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output, sidecar)
+    write_plan_files(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output, sidecar)
     print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
           f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
     return 0
 
 
-def save_torch_atomic(obj, path: str) -> None:
-    import os
-    import tempfile
-
-    from .api import save_sharding_plan
-
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_sharding_plan(obj, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def cannot_fit(instance: Instance) -> str | None:
+    """Why no plan of the instance fits memory, by the solvers' own proof (memory_infeasibility over the
+    options, priced by the cheap lookup oracle: memory is the instance's, whatever the oracle), or None.
+    Whole tables that each fit a device and fit the devices in all cannot trip that proof, which spares
+    large instances building their options."""
+    memory, capacity = instance.table_memory(), instance.topology.memory_bytes
+    if sum(memory) <= capacity * instance.num_devices and all(
+            "table_wise" in instance.allowed_types(table) and need <= capacity
+            for table, need in zip(instance.tables, memory)):
+        return None
+    return memory_infeasibility(Problem(instance, get_oracle("lookup")))
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    failed = 0
+    failed = unfit = 0
     for path in args.paths:
         try:
             instances = load_instances(path)
-            print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
         except InstanceError as exc:
             print(f"error: {exc}", file=sys.stderr)
             failed += 1
-    return EXIT_ERROR if failed else 0
+            continue
+        reasons = [(instance.id, why) for instance in instances if (why := cannot_fit(instance))]
+        for instance_id, why in reasons:
+            print(f"error: {path}: {instance_id} cannot fit: {why}", file=sys.stderr)
+        unfit += bool(reasons)
+        if not reasons:
+            print(f"ok: {path} ({len(instances)} instance{'s' if len(instances) != 1 else ''})")
+    return EXIT_ERROR if failed else EXIT_NO_PLAN if unfit else 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
@@ -219,7 +210,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         check_output_path(args.output, "-o")
     instance = restrict(load_instance(args.instance), args.sharding_types)
     oracle = get_oracle(args.oracle)
-    result = run_solver(args.solver, instance, oracle, Budget(args.time_limit), args.seed)
+    result = run_solver(args.solver, instance, oracle, Budget(args.budget), args.seed)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
           f"{result.status.value}")
     if result.reason:
@@ -243,7 +234,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         plan = result.plan
         save_plan(plan, instance, args.output, report={
             "solver": args.solver, "oracle": oracle.name, "status": result.status.value, "seed": args.seed,
-            "time_limit": args.time_limit, "sharding_types": list(instance.sharding_types),
+            "time_limit": args.budget, "sharding_types": list(instance.sharding_types),
             "objective": result.objective, "lower_bound": result.lower_bound, "gap": gap,
             "optimal_over": result.stats.get("optimal_over"), "device_costs": costs,
             "memory_per_device": list(plan.memory_per_device(instance))})
@@ -262,6 +253,10 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from .workloads import workload_features
 
     instance = _question(args)
+    why = cannot_fit(instance)
+    if why:
+        print(f"no plan: {instance.id} cannot fit: {why}", file=sys.stderr)
+        return EXIT_NO_PLAN
     rules = Rules.load(args.rules) if args.rules else Rules.load()
     features = workload_features(instance, args.oracle, args.budget)
     ranking, source = rules.recommend(features)
@@ -292,11 +287,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_output_path(args.output, "-o")
     if args.torchrec_out:
         check_output_path(args.torchrec_out, "--torchrec-out")
-        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, torchrec_sidecar(args.torchrec_out))}
+        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, sidecar_path(args.torchrec_out))}
         if len(outputs) < 3 or Path(args.instance).resolve() in outputs:
             raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plan or each other")
     from .api import choose_portfolio
-    from .portfolio import SAFETY_NET, run_portfolio
+    from .portfolio import SAFETY_NET, optimal_over, run_portfolio
 
     instance = _question(args)
     if args.solvers:
@@ -307,15 +302,20 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         portfolio = choose_portfolio(instance, args.oracle, args.budget, args.rules)
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
     result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed)
-    for m in sorted(result.members, key=lambda m: (m.objective is None, m.objective or 0)):
-        line = f"  {m.solver:<14} {m.status:<9} {m.seconds:7.2f} s"
+    kept = [m for m in result.members if m.solver == result.solver]
+    others = sorted((m for m in result.members if m.solver != result.solver),
+                    key=lambda m: (m.objective is None, m.objective or 0))
+    for m in kept + others:
+        line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
         if m.objective is not None:
-            line += f"  objective {m.objective:.6g}"
-        print(line + f"  [{m.problem}]" + (f"  ({m.error[:120]})" if m.error else ""))
+            line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
+        print(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
+    for skipped in result.skipped:
+        print(f"  skipped {skipped}")
     if result.stopped_early:
         print("  a proven optimum stopped the others")
     if result.plan is None:
-        print(f"no plan within {result.wall_s:.1f} s", file=sys.stderr)
+        print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
     sharding_plan = None
     if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
@@ -323,17 +323,23 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
         sharding_plan = to_torchrec(instance, result.plan, path=args.module_path)
     oracle = get_oracle(args.oracle)
-    gap = result.gap
-    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}"
-          + (f", bound {result.bound:.6g}, gap {gap:.4%}" if gap is not None else ", no bound") + f"; {result.wall_s:.1f} s")
+    gap, scope = result.gap, optimal_over(instance)
+    types = result.plan.sharding_types()
+    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}; {result.wall_s:.1f} s")
+    print("  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()))
+    print(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {scope}" if gap is not None
+          else "  certificate: none (no member proved a bound)")
     save_plan(result.plan, instance, args.output, report={
         "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
         "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
-        "wall_seconds": result.wall_s, "sharding_types": list(instance.sharding_types)})
+        "optimal_over": scope, "sharding_type_counts": types, "wall_seconds": result.wall_s,
+        "sharding_types": list(instance.sharding_types),
+        "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
+                     "seconds": m.seconds, "reason": m.why} for m in result.members]})
     print(f"plan written to {args.output}")
     if sharding_plan is not None:
-        save_torchrec(sharding_plan, args.torchrec_out, torchrec_sidecar(args.torchrec_out))
-        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {torchrec_sidecar(args.torchrec_out)})")
+        write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out))
+        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar_path(args.torchrec_out)})")
     return 0
 
 
@@ -391,100 +397,129 @@ def _cmd_oracles(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="shardbench", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_demo_command(sub, save_torchrec)  # first in the help: the real job on the shipped example
+DESCRIPTION = """Plan the sharding of embedding tables (what TorchRec's planner decides): import a model as an
+instance, plan it with a portfolio of solvers under a cost oracle, and export the plan TorchRec runs.
+The benchmark harness's commands (bench, measure, train, summarize, refit-recommender) compare the
+solvers and refit the planner choice."""
 
-    inst = sub.add_parser("instances", help="sample, import, validate and show instances").add_subparsers(
-        dest="instances_command", required=True)
-    sample = inst.add_parser("sample", help="sample a protocol's tasks into an instance-set folder")
-    sample.add_argument("--protocol", choices=PROTOCOLS, default="autoshard")
-    sample.add_argument("--tables", type=POSITIVE, required=True)
-    sample.add_argument("--devices", type=POSITIVE, help="default: tables/10 (AutoShard), 4 (DreamShard)")
-    sample.add_argument("--nodes", type=POSITIVE, default=1, help="nodes the devices are spread over (default 1)")
-    sample.add_argument("--devices-per-node", type=POSITIVE, help="devices per node (then devices = nodes × this)")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="shardbench", description=DESCRIPTION, epilog=examples(
+        "shardbench instances import-torchrec model.toml -o instance.json",
+        "shardbench plan instance.json -o plan.json --torchrec-out plan.pt",
+        "shardbench <command> --help"))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="command")
+    add_demo_command(sub)  # first in the help: the real job on the shipped example
+
+    inst = sub.add_parser("instances", help="sample, import, validate and show instances",
+                          description="Sample, import, validate and show instances.",
+                          epilog=examples("shardbench instances import-torchrec model.toml -o instance.json",
+                                          "shardbench instances validate instance.json")).add_subparsers(
+        dest="instances_command", required=True, metavar="command")
+    sample = inst.add_parser("sample", help="sample a protocol's tasks into an instance-set folder",
+                             epilog=examples("shardbench instances sample --tables 40 --devices 4 --count 5 -o set40"))
+    sample.add_argument("--protocol", choices=PROTOCOLS, default="autoshard", help="the papers' sampling protocol")
+    sample.add_argument("--tables", type=POSITIVE, required=True, help="tables per task")
+    sample.add_argument("--devices", type=POSITIVE, help="devices per task (default: tables/10 for AutoShard, 4 for "
+                        "DreamShard)")
+    sample.add_argument("--nodes", type=POSITIVE, default=1, help="nodes the devices are spread over")
+    sample.add_argument("--devices-per-node", type=POSITIVE, help="devices per node (then devices = nodes × this; "
+                        "default: devices / nodes)")
     sample.add_argument("--sharding-types", type=sharding_types, default=SHARDING_TYPES,
-                        help="allowed sharding types, comma-separated, or 'all' (default)")
+                        help="allowed sharding types, comma-separated, or 'all'")
     bandwidth = number(float, 1.0, 1e18, what="bytes per second")
     sample.add_argument("--intra-node-bw", type=bandwidth, default=Topology.intra_node_a2a_bw,
                         help="all-to-all bandwidth inside a node, bytes/s")
     sample.add_argument("--inter-node-bw", type=bandwidth, default=Topology.inter_node_a2a_bw,
                         help="all-to-all bandwidth between nodes, bytes/s")
-    sample.add_argument("--split", choices=SPLITS, default="test")
-    sample.add_argument("--count", type=POSITIVE, help="keep only the first COUNT tasks of the split")
-    sample.add_argument("--seed", type=SEED, default=0)
+    sample.add_argument("--split", choices=SPLITS, default="test", help="which split of the table pool to draw from")
+    sample.add_argument("--count", type=POSITIVE, help="keep only the first COUNT tasks of the split (default: all)")
+    sample.add_argument("--seed", type=SEED, default=0, help="sampling seed")
     sample.add_argument("--unseen-ratio", type=number(float, 0, 1, what="ratio"), default=1.0,
                         help="share of unseen tables (unseen protocol)")
     memory = sample.add_mutually_exclusive_group()
-    memory.add_argument("--capacity-bytes", type=POSITIVE, help="memory per device (default 10 GiB)")
+    memory.add_argument("--capacity-bytes", type=POSITIVE, help="memory per device, bytes (default: 10 GiB)")
     memory.add_argument("--tightness", type=number(float, 0, 1e6, low_open=True, what="factor"),
-                        help="memory per device as a factor of the average load")
-    sample.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16")
-    sample.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
-    sample.add_argument("--batch-size", type=POSITIVE, default=65536)
-    sample.add_argument("--pool", help="a pool JSON (as written by `instances import-raw`) instead of the embedded one")
-    sample.add_argument("--out", required=True, help="new folder for the instance set")
+                        help="memory per device as a factor of the average load (default: --capacity-bytes)")
+    sample.add_argument("--dtype", choices=tuple(DTYPE_BYTES), default="fp16", help="embedding data type")
+    sample.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="optimizer (its state takes memory)")
+    sample.add_argument("--batch-size", type=POSITIVE, default=65536, help="batch size per device")
+    sample.add_argument("--pool", help="a pool JSON (as written by `instances import-raw`) instead of the embedded "
+                        "one (default: the embedded dlrm_t856 pool)")
+    sample.add_argument("-o", "--output", "--out", dest="output", required=True, help="new folder for the instance set")
     sample.set_defaults(func=_cmd_sample)
-    raw = inst.add_parser("import-raw", help="compute pool features from a raw dlrm_datasets .pt/.pt.gz file")
-    raw.add_argument("file")
-    raw.add_argument("--out", required=True)
+    raw = inst.add_parser("import-raw", help="compute pool features from a raw dlrm_datasets .pt/.pt.gz file",
+                          epilog=examples("shardbench instances import-raw fbgemm_t856_bs65536_0.pt.gz -o pool.json"))
+    raw.add_argument("file", help="a dlrm_datasets file (indices, offsets, lengths)")
+    raw.add_argument("-o", "--output", "--out", dest="output", required=True, help="the pool JSON to write")
     raw.set_defaults(func=_cmd_import_raw)
     torchrec = inst.add_parser("import-torchrec", help="an instance from a TorchRec model spec (JSON or TOML in "
-                               "TorchRec's field names)")
-    torchrec.add_argument("spec")
-    torchrec.add_argument("--out", required=True)
+                               "TorchRec's field names)",
+                               epilog=examples("shardbench instances import-torchrec model.toml -o instance.json"))
+    torchrec.add_argument("spec", help="the spec: tables (name, num_embeddings, embedding_dim, ...), world_size, "
+                          "hbm_cap (bytes or e.g. \"80GiB\"), batch_size, optimizer, ...")
+    torchrec.add_argument("-o", "--output", "--out", dest="output", required=True, help="the instance JSON to write")
     torchrec.set_defaults(func=_cmd_import_torchrec)
-    validate = inst.add_parser("validate", help="check instance files or set folders")
-    validate.add_argument("paths", nargs="+")
+    validate = inst.add_parser("validate", help="check instance files or set folders (and that they can fit)",
+                               epilog=examples("shardbench instances validate instance.json set40"))
+    validate.add_argument("paths", nargs="+", help="instance files or instance-set folders")
     validate.set_defaults(func=_cmd_validate)
-    show = inst.add_parser("show", help="summarise an instance or a set")
-    show.add_argument("path")
+    show = inst.add_parser("show", help="summarise an instance or a set",
+                           epilog=examples("shardbench instances show instance.json"))
+    show.add_argument("path", help="an instance file or an instance-set folder")
     show.set_defaults(func=_cmd_show)
 
-    solve = sub.add_parser("solve", help="solve one instance")
-    solve.add_argument("instance")
-    solve.add_argument("--solver", required=True)
-    solve.add_argument("--oracle", default="lookup")
-    solve.add_argument("--time-limit", type=TIME_LIMIT, default=10.0)
-    solve.add_argument("--seed", type=SEED, default=0)
+    solve = sub.add_parser("solve", help="solve one instance with one solver",
+                           epilog=examples("shardbench solve instance.json --solver cpsat --oracle lookup --budget 30 "
+                                           "-o plan.json"))
+    solve.add_argument("instance", help="the instance JSON")
+    solve.add_argument("--solver", required=True, help="a solver name (see `shardbench solvers`)")
+    solve.add_argument("--oracle", default="lookup", help="the cost oracle (see `shardbench oracles`)")
+    solve.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
+                       help="seconds the solver may take")
+    solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
     solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
                        "comma-separated or 'all' (default: the instance's)")
-    solve.add_argument("-o", "--output", help="write the validated plan here")
+    solve.add_argument("-o", "--output", help="write the validated plan here (default: not written)")
     solve.set_defaults(func=_cmd_solve)
 
-    for name, help_text in (("recommend", "the solver (and portfolio) expected to plan this instance best, with "
-                                           "the evidence"),
-                            ("plan", "run the recommended portfolio side by side and write the best validated plan")):
-        question = sub.add_parser(name, help=help_text)
-        question.add_argument("instance")
-        question.add_argument("--oracle", default="analytic")
-        question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds (default 10)")
+    for name, help_text, example in (
+            ("recommend", "the solver (and portfolio) expected to plan this instance best, with the evidence",
+             "shardbench recommend instance.json --oracle analytic --budget 30"),
+            ("plan", "run the recommended portfolio side by side and write the best validated plan",
+             "shardbench plan instance.json --budget 30 -o plan.json --torchrec-out plan.pt")):
+        question = sub.add_parser(name, help=help_text, epilog=examples(example))
+        question.add_argument("instance", help="the instance JSON")
+        question.add_argument("--oracle", default="analytic", help="the cost oracle (see `shardbench oracles`)")
+        question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
         question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
                               "(default: the instance's)")
-        question.add_argument("--rules", help="a rules file written by refit-recommender (default: shipped)")
+        question.add_argument("--rules", help="a rules file written by refit-recommender (default: the shipped one)")
         if name == "recommend":
             question.set_defaults(func=_cmd_recommend)
         else:
             question.add_argument("-o", "--output", required=True, help="the best validated plan (JSON)")
             question.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save) and, beside "
-                                  "it, its readable .sharding.json")
+                                  "it, its readable .sharding.json (default: not written)")
             question.add_argument("--module-path", type=module_path, default="", help=MODULE_PATH_HELP)
             question.add_argument("--solvers", type=lambda v: [s for s in v.split(",") if s],
-                                  help="run these instead of the recommendation, comma-separated")
-            question.add_argument("--seed", type=SEED, default=0)
+                                  help="run these instead of the recommendation, comma-separated (default: the "
+                                  "recommended portfolio)")
+            question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
             question.set_defaults(func=_cmd_plan)
-    show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown")
-    show_plan.add_argument("plan")
-    show_plan.add_argument("--instance", required=True)
-    show_plan.add_argument("--oracle", default="analytic")
+    show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown",
+                               epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))
+    show_plan.add_argument("plan", help="the plan JSON")
+    show_plan.add_argument("--instance", required=True, help="the instance the plan is for")
+    show_plan.add_argument("--oracle", default="analytic", help="the cost oracle that prices the plan")
     show_plan.add_argument("--brief", action="store_true", help="leave out the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
 
     export = sub.add_parser("export-torchrec", help="a plan as the ShardingPlan TorchRec runs (torch.save) plus a "
-                            "readable JSON")
-    export.add_argument("plan")
-    export.add_argument("--instance", required=True)
+                            "readable JSON",
+                            epilog=examples("shardbench export-torchrec plan.json --instance instance.json -o plan.pt"))
+    export.add_argument("plan", help="the plan JSON")
+    export.add_argument("--instance", required=True, help="the instance the plan is for")
     export.add_argument("-o", "--output", required=True, help="the ShardingPlan, torch.save'd (e.g. plan.pt)")
     export.add_argument("--json", help="the readable per-table ParameterSharding (default: OUTPUT with .sharding.json)")
     export.add_argument("--device-type", choices=("cuda", "cpu"), default="cuda", help="placements' device type")
@@ -495,8 +530,10 @@ def build_parser() -> argparse.ArgumentParser:
     from benchmarks.commands import add_commands as add_harness_commands
 
     add_harness_commands(sub)
-    sub.add_parser("solvers", help="list solvers with metadata").set_defaults(func=_cmd_solvers)
-    sub.add_parser("oracles", help="list cost oracles").set_defaults(func=_cmd_oracles)
+    sub.add_parser("solvers", help="list solvers with metadata",
+                   epilog=examples("shardbench solvers")).set_defaults(func=_cmd_solvers)
+    sub.add_parser("oracles", help="list cost oracles",
+                   epilog=examples("shardbench oracles")).set_defaults(func=_cmd_oracles)
     return parser
 
 
@@ -510,9 +547,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, BudgetError,
-            FileExistsError, FileNotFoundError, RecommenderError, *HARNESS_ERRORS) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            OSError, RecommenderError, *HARNESS_ERRORS) as exc:
+        print(f"error: {' '.join(_describe(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _describe(exc: Exception) -> str:
+    """An error's line: an OSError from the system (a read-only or full disk) by its path and cause."""
+    if isinstance(exc, OSError) and exc.strerror:
+        paths = [p for p in (exc.filename, exc.filename2) if p is not None]
+        return f"{' -> '.join(map(str, paths))}: {exc.strerror}" if paths else f"{exc.strerror}"
+    return str(exc)
 
 
 def entry() -> int:

@@ -23,7 +23,8 @@ from instances.io import read_text
 from instances.model import instance_from_dict
 
 from .api import choose_portfolio
-from .args import SEED, TIME_LIMIT
+from .args import SEED, TIME_LIMIT, examples
+from .planfiles import write_plan_files
 from .portfolio import SAFETY_NET, run_portfolio
 
 EXIT_NO_PLAN = 3
@@ -148,8 +149,7 @@ def _describe(instance: Instance, where: str) -> str:
             f"batch {instance.workload.batch_size} per rank")
 
 
-def run_demo(args: argparse.Namespace, save_torchrec: Callable) -> int:
-    """`save_torchrec(sharding_plan, path, readable_path)` is the CLI's writer of exported plans."""
+def run_demo(args: argparse.Namespace) -> int:
     from interop.export import to_torchrec
 
     folder = check_folder(args.output)
@@ -194,7 +194,7 @@ def run_demo(args: argparse.Namespace, save_torchrec: Callable) -> int:
     def write(scratch: Path) -> None:
         save_instance(instance, scratch / OUTPUTS["instance"])
         save_plan(ours.plan, instance, scratch / OUTPUTS["plan"], report=report)
-        save_torchrec(sharding_plan, str(scratch / OUTPUTS["torchrec"]), str(scratch / OUTPUTS["readable"]))
+        write_plan_files(sharding_plan, scratch / OUTPUTS["torchrec"], scratch / OUTPUTS["readable"])
 
     write_all(folder, write)
     print(f"\nwritten to {folder}/: {OUTPUTS['plan']} (our plan; its instance in {OUTPUTS['instance']}), "
@@ -204,17 +204,17 @@ def run_demo(args: argparse.Namespace, save_torchrec: Callable) -> int:
     return 0
 
 
-def add_command(sub, save_torchrec: Callable) -> None:
-    """Registers `demo` on the CLI's subcommands; the CLI hands over its writer of TorchRec plans."""
+def add_command(sub) -> None:
+    """Registers `demo` on the CLI's subcommands."""
     demo = sub.add_parser("demo", help="the real job on a shipped DLRM-like model: our plan against TorchRec's "
                           "planner under TorchRec's estimator, with the certificate and the exported plan",
                           description="Plans a model with our portfolio and with TorchRec's planner, rates both by "
-                          "TorchRec's estimator and writes our plan, its instance and its TorchRec ShardingPlan. "
-                          "Example: shardbench demo my_model.toml --budget 30 -o my-plan/")
+                          "TorchRec's estimator and writes our plan, its instance and its TorchRec ShardingPlan.",
+                          epilog=examples("shardbench demo", "shardbench demo my_model.toml --budget 30 -o my-plan/"))
     demo.add_argument("model", nargs="?", help="a spec in TorchRec's field names (TOML or JSON, as import-torchrec "
                       f"reads) or an instance JSON (default: the shipped 50-table example, shardbench/{EXAMPLE})")
-    demo.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds for our portfolio (default 10)")
-    demo.add_argument("-o", "--output", default="demo-out", help="folder for the outputs (default demo-out/)")
-    demo.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic solvers (default 0)")
-    demo.set_defaults(func=lambda args: run_demo(args, save_torchrec))
+    demo.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds for our portfolio")
+    demo.add_argument("-o", "--output", default="demo-out", help="folder for the outputs")
+    demo.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic solvers")
+    demo.set_defaults(func=run_demo)
 

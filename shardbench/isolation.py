@@ -59,6 +59,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child(connection, job: Job, parent: int) -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the parent held it during the fork
     _die_with_parent(parent)
     if "torch" in sys.modules:
         # Jobs are the parallel unit: a torch thread pool per job on top would oversubscribe the cores,
@@ -88,41 +89,53 @@ def run_isolated(jobs: Iterable[Job], workers: int, on_outcome: Callable[[Outcom
     context = mp.get_context("fork")
     pending = deque(jobs)
     running: dict = {}
-    while pending or running:
-        while pending and len(running) < workers:
-            job = pending.popleft()
-            receiver, sender = context.Pipe(duplex=False)
-            process = context.Process(target=_child, args=(sender, job, os.getpid()), daemon=True)
-            process.start()
-            sender.close()
-            running[receiver] = (process, job, time.monotonic())
-        now = time.monotonic()
-        nearest = min(started + job.deadline for _, job, started in running.values())
-        ready = wait(list(running), timeout=max(0.0, nearest - now))
-        now = time.monotonic()
-        for receiver in list(running):
-            process, job, started = running[receiver]
-            outcome = None
-            if receiver in ready:
+    try:
+        while pending or running:
+            while pending and len(running) < workers:
+                job = pending.popleft()
+                receiver, sender = context.Pipe(duplex=False)
+                process = context.Process(target=_child, args=(sender, job, os.getpid()), daemon=True)
+                # Ctrl-C during fork would land in an at-fork handler, which swallows it: hold SIGINT
+                # until the child exists, so that it reaches the parent at a point that can raise.
+                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
                 try:
-                    kind, payload = receiver.recv()
-                    outcome = Outcome(job, kind, payload, now - started)
-                except EOFError:
+                    process.start()
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+                sender.close()
+                running[receiver] = (process, job, time.monotonic())
+            now = time.monotonic()
+            nearest = min(started + job.deadline for _, job, started in running.values())
+            ready = wait(list(running), timeout=max(0.0, nearest - now))
+            now = time.monotonic()
+            for receiver in list(running):
+                process, job, started = running[receiver]
+                outcome = None
+                if receiver in ready:
+                    try:
+                        kind, payload = receiver.recv()
+                        outcome = Outcome(job, kind, payload, now - started)
+                    except EOFError:
+                        process.join(1.0)
+                        outcome = Outcome(job, "died", process.exitcode, now - started)
+                elif now - started > job.deadline:
+                    kill_group(process)
+                    outcome = Outcome(job, "killed", None, now - started)
+                if outcome is not None:
                     process.join(1.0)
-                    outcome = Outcome(job, "died", process.exitcode, now - started)
-            elif now - started > job.deadline:
-                kill_group(process)
-                outcome = Outcome(job, "killed", None, now - started)
-            if outcome is not None:
-                process.join(1.0)
-                kill_group(process)  # anything the job left running (a solver's helper program) goes too
-                receiver.close()
-                del running[receiver]
-                on_outcome(outcome)
-                if stop is not None and stop(outcome):
-                    for other in list(running):
-                        kill_group(running.pop(other)[0])
-                        other.close()
-                    pending.clear()
-                    return True
-    return False
+                    kill_group(process)  # anything the job left running (a solver's helper program) goes too
+                    receiver.close()
+                    del running[receiver]
+                    on_outcome(outcome)
+                    if stop is not None and stop(outcome):
+                        for other in list(running):
+                            kill_group(running.pop(other)[0])
+                            other.close()
+                        pending.clear()
+                        return True
+        return False
+    except BaseException:  # Ctrl-C or an error in a callback: no job outlives the caller
+        for receiver, (process, _, _) in running.items():
+            kill_group(process)
+            receiver.close()
+        raise

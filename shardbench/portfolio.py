@@ -45,6 +45,19 @@ class Member:
     def objective(self) -> float | None:
         return self.result.objective if self.result is not None else None
 
+    @property
+    def verdict(self) -> str:
+        """The status with the problem it is about: `optimal (whole tables only)` is no claim about the
+        split plans of the problem as posed."""
+        return f"{self.status} ({self.problem})"
+
+    @property
+    def why(self) -> str | None:
+        """Why the member has no plan (None when it has one)."""
+        if self.result is None:
+            return self.error
+        return None if self.result.plan is not None else self.result.reason or self.status
+
 
 @dataclass(frozen=True)
 class PortfolioResult:
@@ -58,11 +71,32 @@ class PortfolioResult:
     skipped: tuple[str, ...] = ()  # members that cannot plan under this oracle, with the reason
 
     @property
+    def no_plan_reason(self) -> str | None:
+        """Why there is no plan (None when there is one): a member's proof that the problem as posed is
+        infeasible, or else each member's own cause."""
+        if self.plan is not None:
+            return None
+        proof = next((m.result.reason for m in self.members if m.posed and m.result is not None
+                      and m.result.status == Status.INFEASIBLE and m.result.reason), None)
+        if proof:
+            return f"infeasible: {proof}"
+        causes = [f"{m.solver}: {m.why}" for m in self.members] + list(self.skipped)
+        if self.members and all(m.result is None and m.status == "error" for m in self.members):
+            return "every member failed: " + "; ".join(causes)
+        return f"no member found one within {self.wall_s:.1f} s: " + ("; ".join(causes) or "no member ran")
+
+    @property
     def gap(self) -> float | None:
         """Relative excess of the plan over the bound (0: proven optimal over the enumerated options)."""
         if self.objective is None or self.bound is None:
             return None
         return gap_to_bound(self.objective, self.bound)
+
+
+def optimal_over(instance: Instance) -> str:
+    """What a bound of the problem as posed, and so a gap or a proven optimum, is over."""
+    return ("the enumerated options (sharding types × shard counts)" if instance.allows_splits
+            else "whole-table plans")
 
 
 def _solve(name: str, instance: Instance, oracle_name: str, budget: float, seed: int) -> SolveResult:

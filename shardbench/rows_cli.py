@@ -3,13 +3,14 @@ tables) and `shardbench buckets` (bucket ranges and resharding for a collision-f
 from __future__ import annotations
 
 import argparse
+import io
 from dataclasses import asdict
 
 import numpy as np
 
 from costmodels.flexshard import FlexParams
 from instances import Instance, InstanceError, PlanError, load_instance
-from instances.io import check_output_path, write_json_atomic
+from instances.io import check_output_path, write_bytes_atomic, write_json_atomic
 from instances.model import BucketPlan, TieringPlan
 from instances.rowdist import row_source
 from solvers.buckets import (
@@ -23,7 +24,7 @@ from solvers.buckets import (
 )
 from solvers.flexshard import FlexShard, RowTable, Tiering
 
-from .args import POSITIVE, number
+from .args import POSITIVE, examples, number
 
 
 def flexshard_for(instance: Instance, dp_multiplier: float) -> FlexShard:
@@ -76,8 +77,10 @@ def plot_frontier(shard: FlexShard, path: str, title: str) -> None:
     ax.set_ylabel("marginal memory vs RW (GiB per GPU)")
     ax.set_title(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
+    write_bytes_atomic(path, image.getvalue())
 
 
 def cmd_flexshard(args: argparse.Namespace) -> int:
@@ -175,20 +178,24 @@ def cmd_buckets(args: argparse.Namespace) -> int:
 
 
 def add_commands(sub) -> None:
-    flex = sub.add_parser("flexshard", help="FlexShard row tiering of an instance's sequence tables")
-    flex.add_argument("instance")
+    flex = sub.add_parser("flexshard", help="FlexShard row tiering of an instance's sequence tables",
+                          epilog=examples("shardbench flexshard instance.json --plot frontier.png -o tiers.json"))
+    flex.add_argument("instance", help="the instance JSON (its sequence tables are tiered)")
     flex.add_argument("--extra-memory", type=number(float, 0.0, what="bytes"), help="also the least-communication "
-                      "DP/RW hybrid within this many extra bytes per GPU over RW")
+                      "DP/RW hybrid within this many extra bytes per GPU over RW (default: not computed)")
     flex.add_argument("--dp-multiplier", type=number(float, 0.0, low_open=True, what="multiplier"), default=6.0,
-                      help="DP memory multiplier (paper: 6)")
-    flex.add_argument("--plot", help="write the memory/communication frontier (Fig. 5) as PNG")
-    flex.add_argument("-o", "--output", help="write the tiering plans as JSON")
+                      help="DP memory multiplier (the paper's)")
+    flex.add_argument("--plot", help="write the memory/communication frontier (Fig. 5) as PNG (default: not drawn)")
+    flex.add_argument("-o", "--output", help="write the tiering plans as JSON (default: not written)")
     flex.set_defaults(func=cmd_flexshard)
-    buckets = sub.add_parser("buckets", help="bucket ranges per trainer and resharding for a collision-free table")
-    buckets.add_argument("instance")
+    buckets = sub.add_parser("buckets", help="bucket ranges per trainer and resharding for a collision-free table",
+                             epilog=examples("shardbench buckets instance.json --trainers 8 --reshard-to 12 "
+                                             "-o buckets.json"))
+    buckets.add_argument("instance", help="the instance JSON")
     buckets.add_argument("--table", help="the table to plan (default: the first with a bucket spec)")
-    buckets.add_argument("--trainers", type=POSITIVE, required=True)
-    buckets.add_argument("--reshard-to", type=POSITIVE, help="plan a resharding to this many trainers")
-    buckets.add_argument("--balance", choices=("rows", "access"), default="rows")
-    buckets.add_argument("-o", "--output", help="write the bucket plan as JSON")
+    buckets.add_argument("--trainers", type=POSITIVE, required=True, help="trainers the buckets are split over")
+    buckets.add_argument("--reshard-to", type=POSITIVE, help="plan a resharding to this many trainers (default: none)")
+    buckets.add_argument("--balance", choices=("rows", "access"), default="rows",
+                         help="balance the trainers' rows or their accesses")
+    buckets.add_argument("-o", "--output", help="write the bucket plan as JSON (default: not written)")
     buckets.set_defaults(func=cmd_buckets)

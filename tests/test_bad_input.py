@@ -1,5 +1,8 @@
 """Every command that reads a file, given every kind of broken file: one line naming the problem, exit 2,
 no traceback, nothing written (benchmarks.fuzz holds the mutations and the check)."""
+import os
+from pathlib import Path
+
 import pytest
 from conftest import examples
 from hypothesis import given
@@ -22,3 +25,199 @@ def test_a_broken_input_is_handled(target, mutation, seed, tmp_path):
 
 def test_every_file_kind_is_read_by_some_command():
     assert {t.kind for t in TARGETS} == set(KINDS)
+
+
+# ---------------------------------------------------------------- outputs that cannot be written
+
+
+def _files(work):
+    """Every file and folder under `work`, the results store's own files left out (a sweep's store keeps what
+    it ran, by design: a rerun resumes from it)."""
+    return {p.relative_to(work).as_posix() for p in work.rglob("*") if not p.name.startswith("fuzz.jsonl")}
+
+
+def _writers(work):
+    """Each command that writes a file, with its output under `out`."""
+    from dataclasses import replace
+
+    from benchmarks.fuzz import _json, _suite_doc, base_instance, toml_text
+    from instances.model import instance_to_dict
+    from instances.sharding import Plan, Shard, TableSharding, plan_to_dict
+
+    (work / "instance.json").write_text(_json(instance_to_dict(base_instance())))
+    pooled = replace(base_instance(), tables=base_instance().tables[:2])  # TorchRec's EBC takes pooled tables
+    a, b = pooled.tables
+    halves = (Shard(0, (0, a.rows), (0, 8)), Shard(1, (0, a.rows), (8, 16)))
+    whole = (Shard(1, (0, b.rows), (0, b.dim)),)
+    plan = Plan(pooled.id, (TableSharding("column_wise", halves), TableSharding("table_wise", whole)))
+    (work / "pooled.json").write_text(_json(instance_to_dict(pooled)))
+    (work / "plan.json").write_text(_json(plan_to_dict(plan, pooled)))
+    (work / "set").mkdir()
+    (work / "set" / "fuzz.json").write_text(_json(instance_to_dict(base_instance())))
+    (work / "set" / "manifest.json").write_text(_json({"instances": ["fuzz.json"]}))
+    (work / "suite.toml").write_text(toml_text(_suite_doc()))
+    instance, out = str(work / "instance.json"), work / "out"
+    return {
+        "solve": lambda o: ["solve", instance, "--solver", "lpt", "-o", str(o / "plan.json")],
+        "plan": lambda o: ["plan", instance, "--oracle", "lookup", "--budget", "0.5", "--solvers", "lpt",
+                           "-o", str(o / "plan.json")],
+        "export-torchrec": lambda o: ["export-torchrec", str(work / "plan.json"), "--instance",
+                                      str(work / "pooled.json"), "-o", str(o / "plan.pt")],
+        "instances sample": lambda o: ["instances", "sample", "--tables", "2", "--devices", "1", "--count", "1",
+                                       "-o", str(o / "set")],
+        "flexshard": lambda o: ["flexshard", instance, "-o", str(o / "tiers.json")],
+        "flexshard --plot": lambda o: ["flexshard", instance, "--plot", str(o / "frontier.png")],
+        "bench": lambda o: ["bench", str(work / "suite.toml")],
+    }, out
+
+
+WRITERS = ("solve", "plan", "export-torchrec", "instances sample", "flexshard", "flexshard --plot", "bench")
+
+
+def _one_error_line(capsys) -> str:
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("command", WRITERS)
+def test_a_full_disk_is_one_line_naming_the_output_and_leaves_nothing(command, tmp_path, monkeypatch, capsys):
+    import errno
+    import os
+
+    argvs, out = _writers(tmp_path)
+    out.mkdir()
+    before = _files(tmp_path)
+    real_fdopen = os.fdopen
+
+    class Full:
+        """A file on a full disk: opening works, writing fails as the kernel says."""
+
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, data):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+    def fdopen(fd, mode="r", *args, **kwargs):
+        handle = real_fdopen(fd, mode, *args, **kwargs)
+        return Full(handle) if "w" in mode else handle
+
+    monkeypatch.setattr(os, "fdopen", fdopen)
+    assert main(argvs[command](out)) == 2
+    line = _one_error_line(capsys)
+    assert "No space left on device" in line and str(out) in line, line
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", [c for c in WRITERS if c != "bench"])
+def test_an_output_under_a_file_is_one_line(command, tmp_path, capsys):
+    argvs, _ = _writers(tmp_path)
+    (tmp_path / "blocker").write_text("a file, not a folder")
+    before = _files(tmp_path)
+    assert main(argvs[command](tmp_path / "blocker" / "deeper")) == 2
+    assert "blocker is not a directory" in _one_error_line(capsys)
+    assert _files(tmp_path) == before
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+@pytest.mark.parametrize("command", WRITERS)
+def test_a_read_only_folder_is_one_line_naming_the_output(command, tmp_path, capsys):
+    argvs, out = _writers(tmp_path)
+    out.mkdir()
+    before = _files(tmp_path)
+    out.chmod(0o500)
+    try:
+        assert main(argvs[command](out)) == 2
+        assert "Permission denied" in _one_error_line(capsys)
+        assert _files(tmp_path) == before
+    finally:
+        out.chmod(0o700)
+
+
+# ---------------------------------------------------------------- interrupts, sizes, duplicates
+
+
+def test_ctrl_c_is_one_line_and_exit_130(monkeypatch, capsys):
+    import shardbench.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_cmd_solvers", interrupted)
+    assert main(["solvers"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_ctrl_c_during_plan_ends_the_command_and_its_members(tmp_path):
+    """A real SIGINT while the portfolio runs: one line, exit 130, and no member left running."""
+    import signal
+    import subprocess
+    import sys
+
+    from benchmarks.fuzz import _json, base_instance
+    from instances.model import instance_to_dict
+
+    (tmp_path / "instance.json").write_text(_json(instance_to_dict(base_instance())))
+    # A member that runs until it is killed, so that the signal surely finds the portfolio running.
+    script = ("import sys, time\n"
+              "from solvers.base import register\n"
+              "register('sleeper', 'sleeps')(lambda problem, budget, seed: time.sleep(600))\n"
+              "from shardbench.cli import entry\n"
+              "sys.exit(entry())\n")
+    process = subprocess.Popen([sys.executable, "-c", script, "plan", str(tmp_path / "instance.json"),
+                                "--oracle", "lookup", "--budget", "300", "--solvers", "sleeper",
+                                "-o", str(tmp_path / "plan.json")],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "running" in process.stdout.readline()  # the members have been started
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 130 and err == "interrupted\n", err
+    assert not (tmp_path / "plan.json").exists()
+    members = []  # forked members carry the command line, so the instance's path names them
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if str(tmp_path).encode() in (entry / "cmdline").read_bytes():
+                members.append(entry.name)
+        except OSError:  # a process that ended meanwhile
+            pass
+    assert not members, f"members still running: {members}"
+
+
+def test_a_huge_world_size_is_refused_before_torchrec_objects_are_built(tmp_path, monkeypatch, capsys):
+    import json
+
+    import interop.importer as importer
+
+    def forbidden():
+        raise AssertionError("TorchRec objects built before the sizes were checked")
+
+    monkeypatch.setattr(importer, "load_torchrec", forbidden)
+    spec = {"tables": [{"name": "t", "num_embeddings": 10, "embedding_dim": 8}], "world_size": 10**7,
+            "local_world_size": 8, "hbm_cap": "80GiB", "batch_size": 64}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    assert main(["instances", "import-torchrec", str(tmp_path / "spec.json"), "-o", str(tmp_path / "i.json")]) == 2
+    line = _one_error_line(capsys)
+    assert "world_size" in line and str(importer.MAX_DEVICES) in line
+    assert not (tmp_path / "i.json").exists()
+
+
+def test_refit_refuses_a_store_given_twice(tmp_path, capsys):
+    from benchmarks.fuzz import _suite_files, _suite_doc, toml_text
+
+    _suite_files(tmp_path)
+    (tmp_path / "suite.toml").write_text(toml_text(_suite_doc()))
+    (tmp_path / "other.toml").write_text(toml_text({**_suite_doc(), "name": "other"}))
+    for pair in (["suite.toml", "suite.toml"], ["suite.toml", "other.toml"]):
+        assert main(["refit-recommender", *(str(tmp_path / p) for p in pair), "-o", str(tmp_path / "rules.json")]) == 2
+        assert "is also that of" in _one_error_line(capsys)
+        assert not (tmp_path / "rules.json").exists()

@@ -103,12 +103,12 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case
 
 
 def test_a_failed_write_leaves_no_output_and_no_folder(tmp_path, capsys, monkeypatch):
-    import shardbench.cli
+    import shardbench.demo
 
     def full_disk(sharding_plan, output, sidecar):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(shardbench.cli, "save_torchrec", full_disk)
+    monkeypatch.setattr(shardbench.demo, "write_plan_files", full_disk)
     (tmp_path / "tiny.toml").write_text(TINY)
     assert main(["demo", str(tmp_path / "tiny.toml"), "--budget", "1", "-o", str(tmp_path / "new" / "out")]) == 2
     err = capsys.readouterr().err

@@ -89,7 +89,19 @@ def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
                            (lambda s: s.update(world_size=-4), "world_size"),
                            (lambda s: s.update(local_world_size=3), "local_world_size"),
                            (lambda s: s.pop("hbm_cap"), "hbm_cap: missing"),
-                           (lambda s: s.update(colour="red"), "colour: unknown field")]:
+                           (lambda s: s.update(colour="red"), "colour: unknown field"),
+                           (lambda s: s.update(hbm_cap=80), "hbm_cap: 80 B per device is less than 1 MiB"),
+                           (lambda s: s.update(hbm_cap="80 Gbit"), "hbm_cap: must be a number of bytes or a number "
+                                                                   "with a unit (B, KB"),
+                           (lambda s: s.update(hbm_cap="0.5KB"), "hbm_cap: 500 B per device"),
+                           (lambda s: s.update(hbm_cap="1.0001B"), "hbm_cap: must be a whole number of bytes"),
+                           (lambda s: s.update(hbm_cap=True), "hbm_cap: must be a number of bytes"),
+                           (lambda s: s.update(ddr_cap="1TB"), "ddr_cap: host memory (ddr_cap) is not modelled yet"),
+                           (lambda s: s.update(ddr_cap="1TiBs"), "ddr_cap: must be a number of bytes"),
+                           (lambda s: s.update(ssd_cap=12), "ssd_cap: 12 B per device is less than 1 MiB"),
+                           (lambda s: s.update(optimizer="lamb"), "optimizer: must be one of"),
+                           (lambda s: s.update(world_size=10**7), "world_size: 10000000 devices is more than"),
+                           (lambda s: s.update(world_size=10**7, local_world_size=3), "world_size")]:
         spec = json.loads(json.dumps(SPEC))
         mutate(spec)
         (tmp_path / "bad.json").write_text(json.dumps(spec))
@@ -98,6 +110,26 @@ def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
         assert not (tmp_path / "b.json").exists()
+
+
+@pytest.mark.parametrize("given,size", [(2**30, 2**30), (80e9, 80 * 10**9), ("80GiB", 80 * 2**30), ("80 GB", 80 * 10**9),
+                                        ("1.5TB", 1_500_000_000_000), ("512mib", 512 * 2**20), ("1024", 1024),
+                                        ("1.5KiB", 1536), ("2 TiB", 2 * 2**40), ("7B", 7)])
+def test_sizes_are_bytes_or_numbers_with_a_unit(given, size):
+    from interop.importer import size_bytes
+
+    assert size_bytes(given, "hbm_cap") == size
+
+
+def test_the_spec_sets_the_optimizer_and_its_memory_and_takes_sizes_with_units():
+    from interop.importer import instance_from_spec
+
+    plain = instance_from_spec(SPEC)
+    assert plain.workload.optimizer == "sgd"
+    adam = instance_from_spec({**SPEC, "optimizer": "adam", "hbm_cap": "1GiB"})
+    assert adam.workload.optimizer == "adam" and adam.topology == plain.topology
+    assert all(a > p for a, p in zip(adam.table_memory(), plain.table_memory()))
+    assert instance_from_spec({**SPEC, "optimizer": "exact_row_wise_adagrad"}).workload.optimizer == "rowwise_adagrad"
 
 
 def _plans(instance):
