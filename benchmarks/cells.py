@@ -11,6 +11,7 @@ from typing import Callable, Iterable
 
 from costmodels import get_oracle
 from instances import Instance
+from instances.memory import storage_fields
 from instances.sharding import compact
 from shardbench.isolation import Job, Outcome, kill_deadline, run_isolated
 from solvers import Budget, Candidates, best_option_bound, get_solver, run_solver
@@ -105,9 +106,9 @@ def execute_cell(cell: Cell) -> dict:
               "instance_bound": instance_bound}
     if result.plan is not None:
         costs = [c.total for c in judge.device_costs(instance, result.plan)]
-        memory = list(result.plan.memory_per_device(instance))
+        memory = storage_fields(result.plan.storage_per_device(instance), instance.topology.capacity)
         record.update(objective=max(costs), device_costs=costs, balance=degree_of_balance(costs),
-                      memory_per_device=memory, peak_memory=max(memory),
+                      **memory, peak_memory=max(memory["memory_per_device"]),
                       memory_capacity=instance.topology.memory_bytes, types_used=result.plan.sharding_types(),
                       plan=compact(result.plan, instance))
     record["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the cell's process

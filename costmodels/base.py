@@ -64,10 +64,12 @@ class Oracle(ABC):
     def plan_cost(self, instance: Instance, plan: Plan) -> float:
         return max(c.total for c in self.device_costs(instance, plan))
 
-    def memory_per_device(self, instance: Instance, plan: Plan) -> np.ndarray:
-        """Bytes per device under the oracle's storage model."""
+    def storage_per_device(self, instance: Instance, plan: Plan) -> np.ndarray:
+        """Bytes per device and tier (devices × 2) under the oracle's storage model."""
         pieces, devices = Pieces.of_plan(instance, plan)
-        return np.bincount(devices, weights=self.bind(instance, pieces).memory, minlength=instance.num_devices)
+        used = np.zeros((instance.num_devices, 2), dtype=np.int64)
+        np.add.at(used, devices, self.bind(instance, pieces).storage)
+        return used
 
     # ------------------------------------------------------------ table-wise conveniences
 
@@ -91,14 +93,14 @@ class Oracle(ABC):
 
 
 class Priced(ABC):
-    """An oracle bound to an instance and a set of pieces. `memory` is what each piece needs on its device
-    under the oracle's storage model (by default the instance's: weights plus optimizer state)."""
+    """An oracle bound to an instance and a set of pieces. `storage` is what each piece needs on its device
+    in each tier (pieces × 2: HBM, host) under the oracle's storage model (by default the instance's)."""
 
     additive = False
 
-    def __init__(self, instance: Instance, pieces: Pieces, memory: np.ndarray | None = None):
+    def __init__(self, instance: Instance, pieces: Pieces, storage: np.ndarray | None = None):
         self.instance, self.pieces = instance, pieces
-        self.memory = pieces.memory(instance) if memory is None else np.asarray(memory, dtype=np.int64)
+        self.storage = pieces.storage(instance) if storage is None else np.asarray(storage, dtype=np.int64).reshape(-1, 2)
 
     @property
     def num_devices(self) -> int:
@@ -129,8 +131,8 @@ class AdditivePriced(Priced):
     additive = True
 
     def __init__(self, instance: Instance, pieces: Pieces, breakdown: np.ndarray | None = None,
-                 costs: np.ndarray | None = None, memory: np.ndarray | None = None):
-        super().__init__(instance, pieces, memory)
+                 costs: np.ndarray | None = None, storage: np.ndarray | None = None):
+        super().__init__(instance, pieces, storage)
         self.breakdown = breakdown
         self._costs = breakdown.sum(axis=1) if breakdown is not None else np.asarray(costs, dtype=float)
 

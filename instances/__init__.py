@@ -21,12 +21,12 @@ from .model import (
                     Workload,
                     instance_from_dict,
                     instance_to_dict,
-                    table_memory_bytes,
 )
+from .memory import HBM, HOST, TIERS, Storage
 from .sharding import Plan, Shard, TableSharding
 
 __all__ = [
     "SHARDING_TYPES", "BucketSpec", "Instance", "InstanceError", "Plan", "PlanError", "Shard", "TableSharding", "RowDistribution", "Table", "Topology",
     "Workload", "instance_from_dict", "instance_to_dict", "load_instance", "load_instance_set", "load_instances",
-    "load_plan", "save_instance", "save_instance_set", "save_plan", "table_memory_bytes",
+    "load_plan", "save_instance", "save_instance_set", "save_plan", "HBM", "HOST", "TIERS", "Storage",
 ]

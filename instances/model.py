@@ -6,7 +6,10 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
-SCHEMA_VERSION = 1
+import numpy as np
+
+from .memory import Storage, storage, stored_bytes
+SCHEMA_VERSION = 2  # 2 added the topology's host memory; version-1 files (HBM only) still load
 NUM_REUSE_BINS = 17
 BINS_TOLERANCE = 1e-6
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
@@ -179,7 +182,8 @@ class Table:
 
 @dataclass(frozen=True)
 class Topology:
-    """nodes × devices_per_node identical devices. Bandwidths in bytes per second."""
+    """nodes × devices_per_node identical devices, each with `memory_bytes` of HBM and `host_memory_bytes`
+    of host memory (DDR; 0: none). Bandwidths in bytes per second."""
 
     nodes: int
     devices_per_node: int
@@ -189,15 +193,24 @@ class Topology:
     allreduce_global_bw: float = 12.5e9
     allreduce_cross_node_bw: float = 12.5e9
     device_kind: str = "gpu"
+    host_memory_bytes: int = 0
 
     @property
     def num_devices(self) -> int:
         return self.nodes * self.devices_per_node
 
+    @property
+    def capacity(self) -> Storage:
+        """What one device holds in each tier."""
+        return Storage(self.memory_bytes, self.host_memory_bytes)
+
     def validate(self, path: str) -> None:
         _positive_int(self.nodes, f"{path}.nodes", MAX_DEVICES_PER_AXIS)
         _positive_int(self.devices_per_node, f"{path}.devices_per_node", MAX_DEVICES_PER_AXIS)
         _positive_int(self.memory_bytes, f"{path}.memory_bytes", MAX_MEMORY_BYTES)
+        _require(_is_int(self.host_memory_bytes) and 0 <= self.host_memory_bytes <= MAX_MEMORY_BYTES,
+                 f"{path}.host_memory_bytes", f"must be an integer in 0..{MAX_MEMORY_BYTES} (0: no host memory), "
+                 f"got {_short(self.host_memory_bytes)}")
         low, high = BANDWIDTH_RANGE
         for name in ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw", "allreduce_cross_node_bw"):
             _finite(getattr(self, name), f"{path}.{name}", low, maximum=high)
@@ -218,17 +231,6 @@ class Workload:
                  f"must be one of {OPTIMIZERS}, got {_short(self.optimizer)}")
         _require(isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES, f"{path}.dtype",
                  f"must be one of {tuple(DTYPE_BYTES)}, got {_short(self.dtype)}")
-
-
-def shard_memory_bytes(table: Table, workload: Workload, rows: int, width: int) -> int:
-    """Weights of `rows` × `width` of the table plus the optimizer state kept beside them in fp32 (one
-    scalar per row for row-wise Adagrad, per element for Adagrad, two per element for Adam)."""
-    per_row = {"sgd": 0, "rowwise_adagrad": 4, "adagrad": 4 * width, "adam": 8 * width}[workload.optimizer]
-    return rows * (width * table.dtype_bytes + per_row)
-
-
-def table_memory_bytes(table: Table, workload: Workload) -> int:
-    return shard_memory_bytes(table, workload, table.rows, table.dim)
 
 
 def _sharding_types(value: Any, path: str) -> tuple[str, ...]:
@@ -278,8 +280,20 @@ class Instance:
     def num_devices(self) -> int:
         return self.topology.num_devices
 
-    def table_memory(self) -> tuple[int, ...]:
-        return tuple(table_memory_bytes(t, self.workload) for t in self.tables)
+    def table_storage(self) -> np.ndarray:
+        """Per whole table, its storage vector (HBM, host), shape (tables, 2)."""
+        tables = self.tables
+        return storage([t.rows for t in tables], [t.dim for t in tables], [t.dtype_bytes for t in tables],
+                       self.workload.optimizer)
+
+    def total_storage(self) -> np.ndarray:
+        """What all tables, whole, store in each tier (the need a plan's capacity is measured against)."""
+        return self.table_storage().sum(axis=0)
+
+    @property
+    def capacity(self) -> np.ndarray:
+        """Per device, the capacity of each tier, shape (devices, 2)."""
+        return np.tile(self.topology.capacity.as_array(), (self.num_devices, 1))
 
     def validate(self) -> "Instance":
         _string(self.id, "id")
@@ -297,7 +311,7 @@ class Instance:
         for i, table in enumerate(self.tables):
             _require(len(self.allowed_types(table)) > 0, f"tables[{i}].sharding_types",
                      "allows none of the instance's sharding types")
-        total = sum(self.table_memory())
+        total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
         _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
                  "this tool handles exactly")
         return self
@@ -375,7 +389,7 @@ def _table_to_dict(table: Table) -> dict:
 
 _TOPOLOGY_FIELDS = ("nodes", "devices_per_node", "memory_bytes")
 _TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw",
-                      "allreduce_cross_node_bw", "device_kind")
+                      "allreduce_cross_node_bw", "device_kind", "host_memory_bytes")
 
 
 def instance_to_dict(instance: Instance) -> dict:
@@ -394,9 +408,10 @@ def instance_to_dict(instance: Instance) -> dict:
 def instance_from_dict(data: Any) -> Instance:
     """Parse and validate; raises InstanceError naming the first bad field."""
     data = _expect_mapping(data, "instance")
-    _check_version(data, (SCHEMA_VERSION,))
+    version = _check_version(data, (1, SCHEMA_VERSION))
     values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance", "sharding_types"))
-    topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, _TOPOLOGY_OPTIONAL)
+    optional = _TOPOLOGY_OPTIONAL if version >= 2 else tuple(k for k in _TOPOLOGY_OPTIONAL if k != "host_memory_bytes")
+    topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, optional)
     work_raw = values.get("workload", {})
     work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
     tables = values["tables"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .memory import storage
 from .model import SHARDING_TYPES, Instance, Table
 from .sharding import DATA_PARALLEL, Plan
 
@@ -85,13 +86,10 @@ class Pieces:
         share = self.row_share(instance)
         return np.where(self.is_kind(DATA_PARALLEL), share / instance.num_devices, share)
 
-    def memory(self, instance: Instance) -> np.ndarray:
-        """Bytes each piece needs on its device: weights plus optimizer state (as `shard_memory_bytes`,
-        vectorised; every value fits int64 because instances bound rows, dims and totals)."""
+    def storage(self, instance: Instance) -> np.ndarray:
+        """What each piece stores in each tier (HBM, host), shape (pieces, 2): `instances.memory.storage`."""
         dtype = np.array([t.dtype_bytes for t in instance.tables], dtype=np.int64)[self.table]
-        state = {"sgd": 0, "rowwise_adagrad": 0, "adagrad": 4, "adam": 8}[instance.workload.optimizer]
-        per_row_scalar = 4 if instance.workload.optimizer == "rowwise_adagrad" else 0
-        return self.rows * (self.width * (dtype + state) + per_row_scalar)
+        return storage(self.rows, self.width, dtype, instance.workload.optimizer)
 
     def as_tables(self, instance: Instance) -> list[Table]:
         """Each piece as the table it is to a device: its rows, its columns, its share of the lookups (as

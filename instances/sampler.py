@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .memory import HBM, storage
 from .model import (
     DTYPE_BYTES,
     MAX_ROWS,
@@ -19,7 +20,6 @@ from .model import (
     InstanceError,
     Topology,
     Workload,
-    table_memory_bytes,
 )
 from .pool import PoolTable, dlrm_pool
 
@@ -111,7 +111,8 @@ def _make_instance(spec: TaskSpec, task_id: str, entries: list[PoolTable], dims:
         tables = tuple(replace(t, name=f"{t.name}_{i}") for i, t in enumerate(tables))
     workload = spec.workload
     num_devices = _devices(spec)
-    total = sum(table_memory_bytes(t, workload) for t in tables)
+    total = int(storage([t.rows for t in tables], [t.dim for t in tables], [t.dtype_bytes for t in tables],
+                        workload.optimizer)[:, HBM].sum())
     topology = Topology(nodes=spec.nodes, devices_per_node=num_devices // spec.nodes,
                         memory_bytes=spec.memory.capacity_for(total, num_devices), intra_node_a2a_bw=spec.intra_node_bw,
                         inter_node_a2a_bw=spec.inter_node_bw)

@@ -8,6 +8,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
+from .memory import over_capacity, storage, tier_label
 from .model import (
     SHARDING_TYPES,
     Instance,
@@ -20,7 +23,6 @@ from .model import (
     _short,
     _string,
     _take,
-    shard_memory_bytes,
 )
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = SHARDING_TYPES
@@ -126,12 +128,14 @@ class Plan:
             counts[t.sharding_type] = counts.get(t.sharding_type, 0) + 1
         return counts
 
-    def memory_per_device(self, instance: Instance) -> tuple[int, ...]:
-        used = [0] * instance.num_devices
-        for table, sharding in zip(instance.tables, self.tables):
-            for shard in sharding.shards:
-                used[shard.device] += shard_memory_bytes(table, instance.workload, shard.num_rows, shard.width)
-        return tuple(used)
+    def storage_per_device(self, instance: Instance) -> np.ndarray:
+        """What each device stores in each tier (HBM, host), shape (devices, 2)."""
+        shards = [(table, shard) for table, sharding in zip(instance.tables, self.tables) for shard in sharding.shards]
+        per_shard = storage([s.num_rows for _, s in shards], [s.width for _, s in shards],
+                            [t.dtype_bytes for t, _ in shards], instance.workload.optimizer).reshape(-1, 2)
+        used = np.zeros((instance.num_devices, 2), dtype=np.int64)
+        np.add.at(used, np.array([s.device for _, s in shards], dtype=np.int64), per_shard)
+        return used
 
     def validate(self, instance: Instance) -> "Plan":
         """Every table's shards tile it exactly once (data-parallel: one full replica per device), with a
@@ -147,12 +151,19 @@ class Plan:
                 problem = f"sharding type {sharding.sharding_type} is not allowed for this table"
             if problem:
                 raise PlanError(f"table {table.name}: {problem}")
-        capacity = instance.topology.memory_bytes
-        over = [(d, m) for d, m in enumerate(self.memory_per_device(instance)) if m > capacity]
-        if over:
-            detail = ", ".join(f"device {d} uses {m} B" for d, m in over[:5])
-            raise PlanError(f"memory capacity {capacity} B exceeded: {detail}")
+        check_capacity(self.storage_per_device(instance), instance)
         return self
+
+
+def check_capacity(used: np.ndarray, instance: Instance, model: str = "") -> None:
+    """Raises PlanError naming the devices and tiers where `used` (devices × 2 bytes) exceeds capacity;
+    `model` names whose storage model counted the bytes, when not the instance's."""
+    capacity = instance.topology.capacity.as_array()
+    over = over_capacity(used, capacity)
+    if over:
+        detail = ", ".join(f"device {d} uses {int(used[d, t])} B of {tier_label(t)}" for d, t in over[:5])
+        limits = " and ".join(f"{tier_label(t)} {int(capacity[t])} B" for t in sorted({t for _, t in over}))
+        raise PlanError(f"memory capacity ({limits} per device) exceeded{model}: {detail}")
 
 
 def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableSharding) -> str | None:

@@ -1,5 +1,5 @@
 """TorchRec's shard estimators as the `torchrec` oracle: its perf per shard, summed per rank as its
-planner rates plans, and its HBM storage per shard as memory."""
+planner rates plans, and its storage estimate per shard (HBM, DDR) as the shard's storage."""
 from __future__ import annotations
 
 import copy
@@ -37,7 +37,7 @@ class TorchRecOracle(AdditiveOracle):
     estimates a shard from its size alone, so equal shards of an option are estimated once."""
 
     name = "torchrec"
-    description = "TorchRec 1.8's shard perf and storage estimators, per-rank sum (ms; HBM storage as memory)"
+    description = "TorchRec 1.8's shard perf and storage estimators, per-rank sum (ms; its HBM and DDR estimates as storage)"
     unit = "ms"
     has_breakdown = True
     own_memory = True
@@ -106,21 +106,21 @@ class TorchRecOracle(AdditiveOracle):
         options = {key: self._option(instance, instance.tables[key[0]], SHARDING_TYPES[key[1]], key[2]) for key in groups}
         self._estimates(instance).estimate([option for option, _ in options.values()])
         breakdown = np.zeros((len(pieces), 4))
-        memory = np.zeros(len(pieces), dtype=np.int64)
+        storage = np.zeros((len(pieces), 2), dtype=np.int64)
         for key, members in groups.items():
             table, kind = instance.tables[key[0]], SHARDING_TYPES[key[1]]
             option, offsets = options[key]
-            by_size = {tuple(s.size): (s.perf, s.storage.hbm) for s in option.shards}
+            by_size = {tuple(s.size): (s.perf, (s.storage.hbm, s.storage.ddr)) for s in option.shards}
             for p in members:
                 if (row_start[p], col_start[p]) not in offsets:
                     raise InstanceError(f"table {table.name}", f"a {kind} shard at rows {row_start[p]}, cols "
                                         f"{col_start[p]} is not one TorchRec cuts: the torchrec oracle prices "
                                         "TorchRec's own cuts")
-                perf, hbm = by_size[(rows[p], width[p])]
+                perf, stored = by_size[(rows[p], width[p])]
                 breakdown[p] = (perf.fwd_compute, perf.bwd_compute + perf.prefetch_compute, perf.fwd_comms,
                                 perf.bwd_comms)
-                memory[p] = hbm
-        return AdditivePriced(instance, pieces, breakdown=breakdown, memory=memory)
+                storage[p] = stored
+        return AdditivePriced(instance, pieces, breakdown=breakdown, storage=storage)
 
     def piece_breakdown(self, instance: Instance, pieces: Pieces) -> np.ndarray:
         return self.bind(instance, pieces).breakdown

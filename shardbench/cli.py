@@ -24,6 +24,7 @@ from instances import (
 )
 from instances.dlrm_loader import load_raw_tables
 from instances.io import check_output_path, write_json_atomic
+from instances.memory import HBM, describe, storage_fields
 from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
@@ -151,10 +152,10 @@ def cannot_fit(instance: Instance) -> str | None:
     options, priced by the cheap lookup oracle: memory is the instance's, whatever the oracle), or None.
     Whole tables that each fit a device and fit the devices in all cannot trip that proof, which spares
     large instances building their options."""
-    memory, capacity = instance.table_memory(), instance.topology.memory_bytes
-    if sum(memory) <= capacity * instance.num_devices and all(
-            "table_wise" in instance.allowed_types(table) and need <= capacity
-            for table, need in zip(instance.tables, memory)):
+    stored, capacity = instance.table_storage(), instance.topology.capacity.as_array()
+    if (stored.sum(axis=0) <= capacity * instance.num_devices).all() and all(
+            "table_wise" in instance.allowed_types(table) and (need <= capacity).all()
+            for table, need in zip(instance.tables, stored)):
         return None
     return memory_infeasibility(Problem(instance, get_oracle("lookup")))
 
@@ -179,12 +180,13 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 def _cmd_show(args: argparse.Namespace) -> int:
     for instance in load_instances(args.path):
-        memory = np.array(instance.table_memory())
+        memory = instance.table_storage()[:, HBM]
         rows = np.array([t.rows for t in instance.tables])
         pooling = np.array([t.pooling_factor for t in instance.tables])
         topo = instance.topology
         print(f"{instance.id}: {instance.num_tables} tables on {topo.nodes} node(s) × {topo.devices_per_node} "
-              f"devices, {topo.memory_bytes / 2**30:.2f} GiB each")
+              f"devices, {topo.memory_bytes / 2**30:.2f} GiB of HBM each"
+              + (f" and {topo.host_memory_bytes / 2**30:.2f} GiB of host memory" if topo.host_memory_bytes else ""))
         print(f"  provenance: {instance.provenance or '-'}")
         print(f"  memory: {memory.sum() / 2**30:.2f} GiB in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
               f"of capacity; largest table {memory.max() / 2**30:.3f} GiB")
@@ -237,7 +239,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
             "time_limit": args.budget, "sharding_types": list(instance.sharding_types),
             "objective": result.objective, "lower_bound": result.lower_bound, "gap": gap,
             "optimal_over": result.stats.get("optimal_over"), "device_costs": costs,
-            "memory_per_device": list(plan.memory_per_device(instance))})
+            **storage_fields(plan.storage_per_device(instance), instance.topology.capacity)})
         print(f"  plan written to {args.output}")
     return 0
 
@@ -348,15 +350,14 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
     plan = load_plan(args.plan, instance)
     oracle = get_oracle(args.oracle)
     costs = oracle.device_costs(instance, plan)
-    memory = plan.memory_per_device(instance)
-    capacity = instance.topology.memory_bytes
+    memory = plan.storage_per_device(instance)
+    capacity = instance.topology.capacity
     totals = [c.total for c in costs]
     types = ", ".join(f"{k} {v}" for k, v in plan.sharding_types().items())
     print(f"plan for {instance.id}: {instance.num_tables} tables ({types}) on {instance.num_devices} devices "
           f"({instance.topology.nodes} node(s) × {instance.topology.devices_per_node})")
     print(f"under {oracle.name}: max device cost {max(totals):.6g} {oracle.unit}, balance "
-          f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {max(memory) / 2**30:.3f} GiB "
-          f"of {capacity / 2**30:.3f} GiB")
+          f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {describe(memory.max(axis=0), capacity)}")
     shards: list[list[str]] = [[] for _ in range(instance.num_devices)]
     for table, sharding in zip(instance.tables, plan.tables):
         for shard in sharding.shards:
@@ -369,7 +370,7 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
     for d, (cost, used) in enumerate(zip(costs, memory)):
         breakdown = (f" (forward {cost.forward_compute:.4g}, backward {cost.backward_compute:.4g}, forward comm "
                      f"{cost.forward_comm:.4g}, backward comm {cost.backward_comm:.4g})" if oracle.has_breakdown else "")
-        print(f"device {d}: cost {cost.total:.6g}{breakdown}; memory {used / 2**30:.3f} GiB ({used / capacity:.1%}); "
+        print(f"device {d}: cost {cost.total:.6g}{breakdown}; memory {describe(used, capacity)}; "
               f"{len(shards[d])} shards")
         if not args.brief:
             print("  " + "; ".join(shards[d]))

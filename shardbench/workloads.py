@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from costmodels import get_oracle, is_costly, oracle_is_additive
-from instances import Instance
+from instances import HBM, Instance
 
 # A table "worth splitting" carries at least this share of the balanced load alone: splitting it lets
 # the pieces fill the gaps between devices (or, above 1, is the only way below it).
@@ -49,7 +49,7 @@ def workload_features(instance: Instance, oracle_name: str, budget: float) -> Fe
         additive = costs_from.additive
     costs = np.asarray(costs_from.single_table_costs(instance), dtype=float)
     balanced = costs.sum() / instance.num_devices
-    memory = float(sum(instance.table_memory()))
+    memory = float(instance.total_storage()[HBM])
     capacity = float(instance.topology.memory_bytes) * instance.num_devices
     splittable = np.array([instance.may_split(table) for table in instance.tables])
     worth = costs >= SPLIT_WORTH_SHARE * balanced if balanced > 0 else np.zeros(len(costs), dtype=bool)

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from instances.memory import HBM, shortfall
+
 from .candidates import Candidates
 
 RELATIVE_STEP = 1e-12  # an improvement must beat the current cost by more than float noise
@@ -29,13 +31,20 @@ class Trial:
 
 @dataclass(frozen=True)
 class Stuck:
-    """Why an option found no room: its piece `piece` needs `need` bytes, and the devices it may take (any
-    for a free piece, its own for a pinned one, its rank's on the nodes tried for a node option) had at
-    most `most_free`."""
+    """Why an option found no room: its piece `piece` needs `need` bytes of memory tier `tier`, and the
+    devices it may take (any for a free piece, its own for a pinned one, its rank's on the nodes tried for
+    a node option) had at most `most_free` there."""
 
     piece: int
     need: int
     most_free: int
+    tier: int = HBM
+
+
+def _short_on(piece: int, need: np.ndarray, free: np.ndarray) -> Stuck:
+    """A pinned piece's shortfall on its own device."""
+    tier = int(np.argmax(free < need))
+    return Stuck(piece, int(need[tier]), int(free[tier]), tier)
 
 
 class Assembly:
@@ -45,8 +54,8 @@ class Assembly:
         self.k = instance.num_devices
         self.per_node = instance.topology.devices_per_node
         self.state = candidates.priced.new_state()
-        self.memory = np.asarray(candidates.memory, dtype=np.int64)
-        self.free = np.full(self.k, instance.topology.memory_bytes, dtype=np.int64)
+        self.memory = np.asarray(candidates.storage, dtype=np.int64)
+        self.free = np.array(instance.capacity, dtype=np.int64)
         self.chosen = np.full(instance.num_tables, -1, dtype=np.int64)
         self.device = np.full(len(candidates.options.pieces), -1, dtype=np.int64)
 
@@ -115,19 +124,19 @@ class Assembly:
         placement = self.c.placement(option)
         if placement == "pinned":
             devices = self.c.devices(option)
-            short = np.flatnonzero(self.free[devices] < need)
+            short = np.flatnonzero((self.free[devices] < need).any(axis=1))
             if short.size:
                 p = int(short[0])
-                return Stuck(int(members[p]), int(need[p]), int(self.free[devices[p]]))
+                return _short_on(int(members[p]), need[p], self.free[devices[p]])
             return Trial(option, devices, self.state.costs_with(members, devices))
         if placement == "node":
             best, stuck = None, None
             for node in range(self.k // self.per_node):
                 devices = self.c.devices(option, node=node)
-                short = np.flatnonzero(self.free[devices] < need)
+                short = np.flatnonzero((self.free[devices] < need).any(axis=1))
                 if short.size:
                     p = int(short[0])
-                    stuck = stuck or Stuck(int(members[p]), int(need[p]), int(self.free[devices[p]]))
+                    stuck = stuck or _short_on(int(members[p]), need[p], self.free[devices[p]])
                     continue
                 trial = Trial(option, devices, self.state.costs_with(members, devices))
                 if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
@@ -136,10 +145,11 @@ class Assembly:
         devices = np.empty(members.size, dtype=np.int64)
         free = self.free.copy()
         for i, piece in enumerate(members):
-            room = np.flatnonzero(free >= need[i])
+            room = np.flatnonzero((free >= need[i]).all(axis=1))
             if room.size == 0:
                 self.state.remove_many(members[:i], devices[:i])
-                return Stuck(int(piece), int(need[i]), int(free.max()))
+                tier, most_free = shortfall(need[i], free)
+                return Stuck(int(piece), int(need[i, tier]), most_free, tier)
             after = self.state.costs_if_added(int(piece), room)
             devices[i] = room[int(np.argmin(after))]
             self.state.add(int(piece), int(devices[i]))
@@ -159,7 +169,7 @@ def choose_options(candidates: Candidates, level: float, weight: np.ndarray) -> 
     extra memory (over every table's leanest such option) than SPARE_MEMORY_SHARE of the memory left, the
     table whose choice saves the least work per extra byte takes its leanest option."""
     biggest = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
-    memory = candidates.total_memory
+    memory = candidates.device_shares(candidates.total_storage)
     # Options whose work differs by float noise alone (row shards summing to the whole table) are equally
     # light: the one enumerated first (whole tables first) wins.
     weight = np.array([float(f"{w:.10g}") for w in weight])
@@ -170,12 +180,12 @@ def choose_options(candidates: Candidates, level: float, weight: np.ndarray) -> 
         pool = small or [min((int(o) for o in ids), key=lambda o: (biggest[o], weight[o]))]
         chosen[table] = min(pool, key=lambda o: (weight[o], memory[o]))
         leanest[table] = min(pool, key=lambda o: (memory[o], weight[o]))
-    spare = candidates.num_devices * candidates.instance.topology.memory_bytes - float(memory[leanest].sum())
+    spare = candidates.num_devices - float(memory[leanest].sum())
     extra = (memory[chosen] - memory[leanest]).astype(float)
     used = float(extra.sum())
     if used > SPARE_MEMORY_SHARE * spare:
         saving = weight[leanest] - weight[chosen]
-        for table in np.argsort(saving / np.maximum(extra, 1.0), kind="stable"):
+        for table in np.argsort(saving / np.maximum(extra, candidates.device_shares(np.array([1, 0]))), kind="stable"):
             if used <= SPARE_MEMORY_SHARE * spare:
                 break
             if extra[table] > 0:

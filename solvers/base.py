@@ -12,7 +12,9 @@ import numpy as np
 
 from costmodels import Oracle
 from instances import Instance, Plan, PlanError
+from instances.memory import HBM, HOST, over_capacity, shortfall, tier_label
 from instances.model import MAX_MEMORY_BYTES
+from instances.sharding import check_capacity
 
 from .bounds import best_option_bound
 from .candidates import Problem
@@ -77,8 +79,9 @@ class Cause(str, Enum):
 
 @dataclass(frozen=True)
 class NoPlan:
-    """Evidence for a missing plan: the table that found no room (`table`, its `need` and the `most_free`
-    memory any device had left), the overflowing plan, or the number of samples tried."""
+    """Evidence for a missing plan: the table that found no room (`table`, its `need` in memory tier `tier`
+    and the `most_free` there that any device it could take had left), the overflowing plan, or the
+    number of samples tried."""
 
     cause: Cause
     table: int | None = None
@@ -86,6 +89,7 @@ class NoPlan:
     most_free: int | None = None
     plan: Plan | None = None
     samples: int | None = None
+    tier: int = HBM
 
 
 @dataclass(frozen=True)
@@ -207,10 +211,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
     result.plan.validate(instance)
     if oracle.own_memory:
-        used = oracle.memory_per_device(instance, result.plan)
-        if used.max() > instance.topology.memory_bytes:
-            raise PlanError(f"memory capacity {instance.topology.memory_bytes} B exceeded under {oracle.name}'s storage "
-                            f"model: device {int(used.argmax())} needs {int(used.max())} B")
+        check_capacity(oracle.storage_per_device(instance, result.plan), instance, f" under {oracle.name}'s storage model")
     objective = oracle.plan_cost(instance, result.plan)
     if not math.isfinite(objective):
         raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")
@@ -249,11 +250,11 @@ def _verified_failure(name: str, info: "SolverInfo", instance: Instance, budget:
 def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: NoPlan, peer: bool = False) -> None:
     """Raises ClaimError unless the evidence for a missing plan holds. Only a peer may blame its own model:
     we cannot check another tool's storage model, and none of our solvers has one of its own."""
-    capacity = instance.topology.memory_bytes
     cause = evidence.cause
     if cause == Cause.DEAD_END:  # the table's (or one of its pieces') need is more than any device had left
         ok = (evidence.table is not None and 0 <= evidence.table < instance.num_tables and evidence.need is not None
-              and evidence.most_free is not None and 0 <= evidence.most_free < evidence.need <= capacity)
+              and evidence.tier in (HBM, HOST) and evidence.most_free is not None
+              and 0 <= evidence.most_free < evidence.need <= instance.topology.capacity.as_array()[evidence.tier])
     elif cause == Cause.SAMPLING:
         ok = evidence.samples is not None and evidence.samples >= 1
     elif cause == Cause.OVERFLOW:
@@ -274,21 +275,25 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
 
 
 def memory_infeasibility(problem: Problem) -> str | None:
-    """A proof that no plan fits, from two necessary conditions over the instance's options, or None when
-    neither fires: a table none of whose options fits a device, or more memory in all (each table in
-    its leanest option) than the devices have."""
+    """A proof that no plan fits, from two necessary conditions per memory tier over the instance's
+    options, or None when none fires: a table none of whose options fits a device, or more bytes of a
+    tier in all (each table in its leanest option for that tier) than the devices have."""
     instance, candidates = problem.instance, problem.candidates
-    capacity = instance.topology.memory_bytes
+    capacity = instance.topology.capacity.as_array()
     for t, (table, ids) in enumerate(zip(instance.tables, candidates.by_table)):
         if ids.size == 0:
             options = [o for o, option in enumerate(candidates.options.options) if option.table == t]
-            need = min(int(candidates.memory[candidates.members(o)].max()) for o in options)
-            return (f"table {table.name} needs {need} B on some device in its leanest allowed option, more than a "
-                    f"device's capacity {capacity} B")
-    total = sum(int(candidates.total_memory[ids].min()) for ids in candidates.by_table)
-    room = capacity * instance.num_devices
-    if total > room:
-        return f"tables need {total} B in all, more than {instance.num_devices} devices × {capacity} B = {room} B"
+            over = [(candidates.storage[candidates.members(o)] - capacity).max(axis=0) for o in options]
+            tier = int(np.argmax(np.max(over, axis=0)))
+            need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)
+            return (f"table {table.name} needs {need} B of {tier_label(tier)} on some device in its leanest allowed "
+                    f"option, more than a device's {int(capacity[tier])} B")
+    for tier in (HBM, HOST):
+        total = sum(int(candidates.total_storage[ids, tier].min()) for ids in candidates.by_table)
+        room = int(capacity[tier]) * instance.num_devices
+        if total > room:
+            return (f"tables need {total} B of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
+                    f"{int(capacity[tier])} B = {room} B")
     return None
 
 
@@ -296,15 +301,18 @@ def whole_table_obstacle(instance: Instance) -> SolveResult | None:
     """Why a solver that places whole tables cannot plan this instance, when it cannot (a table that
     forbids table-wise or outgrows a device whole, or more whole-table memory than the devices have):
     a no-plan, not an infeasibility, since splitting tables may still fit."""
-    capacity = instance.topology.memory_bytes
-    memory = instance.table_memory()
+    capacity = instance.topology.capacity.as_array()
+    stored = instance.table_storage()
     for t, table in enumerate(instance.tables):
-        if "table_wise" not in instance.allowed_types(table) or memory[t] > capacity:
+        too_big = over_capacity(stored[t:t + 1], capacity)
+        if "table_wise" not in instance.allowed_types(table) or too_big:
+            tier = too_big[0][1] if too_big else HBM
             why = ("does not allow table_wise" if "table_wise" not in instance.allowed_types(table)
-                   else f"needs {memory[t]} B whole, more than a device's {capacity} B")
+                   else f"needs {int(stored[t, tier])} B of {tier_label(tier)} whole, more than a device's "
+                        f"{int(capacity[tier])} B")
             return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
                                no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
-    if sum(memory) > capacity * instance.num_devices:
+    if over_capacity(stored.sum(axis=0, keepdims=True), capacity * instance.num_devices):
         return SolveResult(Status.NO_PLAN, reason="this solver places whole tables only, and whole tables need more "
                            "memory than the devices have", no_plan=NoPlan(Cause.UNSUPPORTED))
     return None
@@ -312,24 +320,25 @@ def whole_table_obstacle(instance: Instance) -> SolveResult | None:
 
 def _overflows_only(plan: Plan, instance: Instance) -> bool:
     """The plan is sound but for memory: valid once the capacity is lifted, over it as it stands."""
-    roomy = replace(instance, topology=replace(instance.topology, memory_bytes=MAX_MEMORY_BYTES))
+    roomy = replace(instance, topology=replace(instance.topology, memory_bytes=MAX_MEMORY_BYTES,
+                                               host_memory_bytes=MAX_MEMORY_BYTES))
     try:
         replace(plan, instance_id=roomy.id).validate(roomy)
     except PlanError:
         return False
-    return max(plan.memory_per_device(instance)) > instance.topology.memory_bytes
+    return bool(over_capacity(plan.storage_per_device(instance), instance.topology.capacity.as_array()))
 
 
 class MemoryTracker:
-    """Free memory per device while a solver places tables one at a time; `need` is each table's memory
-    (the oracle's storage model where it has one), by default the instance's."""
+    """Free memory per device and tier while a solver places tables one at a time; `need` is each table's
+    storage (tables × 2; the oracle's storage model where it has one), by default the instance's."""
 
     def __init__(self, instance: Instance, need: np.ndarray | None = None):
-        self.need = np.array(instance.table_memory() if need is None else need, dtype=np.int64)
-        self.free = np.full(instance.num_devices, instance.topology.memory_bytes, dtype=np.int64)
+        self.need = np.array(instance.table_storage() if need is None else need, dtype=np.int64).reshape(-1, 2)
+        self.free = np.array(instance.capacity, dtype=np.int64)
 
     def fits(self, table: int) -> np.ndarray:
-        return self.free >= self.need[table]
+        return (self.free >= self.need[table]).all(axis=1)
 
     def place(self, table: int, device: int) -> None:
         self.free[device] -= self.need[table]
@@ -340,11 +349,12 @@ class MemoryTracker:
 
 def stuck(instance: Instance, table: int, tracker: MemoryTracker) -> SolveResult:
     name = instance.tables[table].name
-    need, most_free = int(tracker.need[table]), int(tracker.free.max())
+    tier, most_free = shortfall(tracker.need[table], tracker.free)
+    need = int(tracker.need[table, tier])
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} ({need} B) fits on no device: the most free memory left is "
+        f"table {name} ({need} B of {tier_label(tier)}) fits on no device: the most free {tier_label(tier)} left is "
         f"{most_free} B (a heuristic dead end, not a proof of infeasibility)"),
-        no_plan=NoPlan(Cause.DEAD_END, table=table, need=need, most_free=most_free))
+        no_plan=NoPlan(Cause.DEAD_END, table=table, need=need, most_free=most_free, tier=tier))
 
 
 def infeasible(reason: str) -> SolveResult:

@@ -33,13 +33,13 @@ def random_assignment(instance: Instance, rng: np.random.Generator, need: np.nda
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
 def random_placement(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return random_assignment(problem.instance, np.random.default_rng(seed), problem.table_wise.memory)
+    return random_assignment(problem.instance, np.random.default_rng(seed), problem.table_wise.storage)
 
 
 @register("round-robin", "table i to the next device in cyclic order that has room")
 def round_robin(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     instance = problem.instance
-    tracker = MemoryTracker(instance, problem.table_wise.memory)
+    tracker = MemoryTracker(instance, problem.table_wise.storage)
     k = instance.num_devices
     assignment, cursor = [], 0
     for table in range(instance.num_tables):

@@ -71,13 +71,15 @@ def best_option_bound(candidates: Candidates) -> float:
 def lp_bound(candidates: Candidates) -> float | None:
     """The LP relaxation of choosing one option per table (HiGHS via scipy), or None when it is
     infeasible (then no plan fits either). Rows: one option per table; K·z ≥ total work; z ≥ each table's
-    largest piece; total memory ≤ K × capacity; and, while the model stays small, z ≥ what pinned options
-    put on each device and each device's memory from them ≤ capacity."""
+    largest piece; total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model
+    stays small, z ≥ what pinned options put on each device and each device's bytes from them ≤ capacity
+    in every tier it has."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix, vstack
 
     k = candidates.num_devices
-    capacity = candidates.instance.topology.memory_bytes
+    capacity = candidates.instance.topology.capacity.as_array()
+    tiers = [int(t) for t in np.flatnonzero(capacity > 0)]
     if any(ids.size == 0 for ids in candidates.by_table):
         return None
     live = np.flatnonzero(candidates.live)
@@ -104,14 +106,15 @@ def lp_bound(candidates: Candidates) -> float | None:
         # z ≥ Σ_o y·biggest + w − (the table's own pinned floor, already counted in its piece)
         values = [candidates.biggest[o] / scale - floor.get(int(o), 0.0) for o in ids]
         add_row(columns + [n_vars - 2, n_vars - 1], values + [1.0, -1.0], 0.0)
-    if sum(candidates.instance.table_memory()) > capacity:
-        add_row(list(range(live.size)), list(candidates.total_memory[live] / capacity), float(k))
+    for tier in candidates.binding_tiers:
+        add_row(list(range(live.size)), list(candidates.total_storage[live, tier] / capacity[tier]), float(k))
     if pinned and len(pinned) * k <= LP_PER_DEVICE_NONZEROS:
         costs = np.stack([candidates.device_profile(o, candidates.priced.costs) for o in pinned]) / scale
-        memory = np.stack([candidates.device_profile(o, candidates.memory) for o in pinned]) / capacity
+        memory = np.stack([candidates.device_profile(o, candidates.storage) for o in pinned]) / np.maximum(capacity, 1)
         for d in range(k):
             add_row([index[o] for o in pinned] + [n_vars - 1], list(costs[:, d]) + [-1.0], 0.0)
-            add_row([index[o] for o in pinned], list(memory[:, d]), 1.0)
+            for tier in tiers:
+                add_row([index[o] for o in pinned], list(memory[:, d, tier]), 1.0)
     a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_vars)).tocsr()
     eq_rows = np.concatenate([np.full(ids.size, t) for t, ids in enumerate(candidates.by_table)])
     eq_cols = np.array([index[int(o)] for ids in candidates.by_table for o in ids])

@@ -105,8 +105,9 @@ class Candidates:
         return plan_from_choice(self.instance, self.options, chosen, devices)
 
     @cached_property
-    def memory(self) -> np.ndarray:
-        return self.priced.memory
+    def storage(self) -> np.ndarray:
+        """Per piece, its bytes in each tier (pieces × 2)."""
+        return self.priced.storage
 
     @cached_property
     def single_costs(self) -> np.ndarray:
@@ -126,29 +127,46 @@ class Candidates:
         return np.maximum.reduceat(self.priced.costs, self.options.first) if len(self.options.first) else np.zeros(0)
 
     @cached_property
-    def total_memory(self) -> np.ndarray:
-        return np.add.reduceat(self.memory, self.options.first) if len(self.options.first) else np.zeros(0, np.int64)
+    def total_storage(self) -> np.ndarray:
+        """Per option, its pieces' bytes in each tier together (options × 2)."""
+        if not len(self.options.first):
+            return np.zeros((0, 2), np.int64)
+        return np.add.reduceat(self.storage, self.options.first, axis=0)
+
+    @cached_property
+    def binding_tiers(self) -> tuple[int, ...]:
+        """The memory tiers that may bind: those whose whole-table need exceeds one device's capacity (else
+        any plan fits them, and they can be left out of models and dominance)."""
+        need, capacity = self.instance.total_storage(), self.instance.topology.capacity.as_array()
+        return tuple(int(t) for t in np.flatnonzero(need > capacity))
+
+    def device_shares(self, storage: np.ndarray) -> np.ndarray:
+        """Bytes as shares of one device, summed over the tiers it has (…× 2 → …): how much memory an
+        option takes when the tiers are weighed together."""
+        capacity = self.instance.topology.capacity.as_array().astype(float)
+        has = capacity > 0
+        return (np.asarray(storage, dtype=float)[..., has] / capacity[has]).sum(axis=-1)
 
     def device_profile(self, o: int, values: np.ndarray) -> np.ndarray:
-        """Per device, what pinned option o puts there (cost or memory)."""
-        profile = np.zeros(self.num_devices, dtype=values.dtype)
+        """Per device, what pinned option o puts there (cost, or bytes per tier for a 2-column `values`)."""
+        profile = np.zeros((self.num_devices, *values.shape[1:]), dtype=values.dtype)
         np.add.at(profile, self.options.pin[self.members(o)], values[self.members(o)])
         return profile
 
     # ------------------------------------------------------------ pruning
 
     def _drop_unfit(self) -> None:
-        """An option with a piece larger than a device's memory can never be placed."""
-        capacity = self.instance.topology.memory_bytes
+        """An option with a piece larger than a device's capacity in some tier can never be placed."""
+        capacity = self.instance.topology.capacity.as_array()
         if not len(self.options.first):
             return
-        too_big = np.maximum.reduceat(self.memory, self.options.first) > capacity
+        too_big = (np.maximum.reduceat(self.storage, self.options.first, axis=0) > capacity).any(axis=1)
         self.live &= ~too_big
         self.pruned["larger than a device"] = int(too_big.sum())
 
     def _prune_dominated(self) -> None:
-        memory_matters = sum(self.instance.table_memory()) > self.instance.topology.memory_bytes
-        costs, memory = self.priced.costs, self.memory
+        memory_matters = bool(self.binding_tiers)
+        costs, memory = self.priced.costs, self.storage[:, list(self.binding_tiers)]
         count = 0
         for ids in self.by_table:
             ids = [int(o) for o in ids]
@@ -181,7 +199,7 @@ class Candidates:
 @dataclass(frozen=True)
 class _Shape:
     """What an option puts on devices: free pieces (their costs), or costs per device (pinned) or per
-    local rank (node)."""
+    local rank (node); memory beside the costs, one column per tier compared."""
 
     kind: str
     placement: str
@@ -190,16 +208,18 @@ class _Shape:
 
 
 def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> bool:
-    """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'."""
+    """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'
+    (memory compared tier by tier, over the tiers that may bind)."""
     def fits(cost, mem, b_cost, b_mem) -> np.ndarray:
         ok = cost <= b_cost
-        return ok & (mem <= b_mem) if memory_matters else ok
+        return ok & (mem <= b_mem).all(axis=-1) if memory_matters else ok
 
     if a.placement == FREE:
-        x, m, pieces = a.cost.max(), a.memory.max(), a.cost.size
+        x, m, pieces = a.cost.max(), a.memory.max(axis=0), a.cost.size
         if b.placement == FREE:
             if a.kind == TABLE_WISE or b.kind == COLUMN_WISE:
-                return b.cost.size >= pieces and x <= b.cost.min() and (not memory_matters or m <= b.memory.min())
+                return (b.cost.size >= pieces and x <= b.cost.min()
+                        and (not memory_matters or bool((m <= b.memory.min(axis=0)).all())))
             return False
         # b pinned or node-pinned: a's pieces go where b puts at least as much (for a node option, on the
         # local ranks of whichever node b picks).
@@ -208,5 +228,6 @@ def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> boo
         return b.placement == PINNED and bool(np.all(fits(a.cost, a.memory, b.cost, b.memory)))
     if b.placement != PINNED:
         return False
-    by_node = fits(a.cost, a.memory, b.cost.reshape(-1, per_node), b.memory.reshape(-1, per_node))
+    nodes = b.cost.size // per_node
+    by_node = fits(a.cost, a.memory, b.cost.reshape(nodes, per_node), b.memory.reshape(nodes, per_node, -1))
     return bool(by_node.all(axis=1).any())

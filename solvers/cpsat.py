@@ -79,8 +79,8 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         cp.Add(load == sum(s * variables[v] for v, s in zip(terms, scaled)))
         cp.Add(load <= makespan)
         loads.append(load)
-    for terms, needs in model.memory:
-        cp.Add(sum(n * variables[v] for v, n in zip(terms, needs)) <= model.capacity)
+    for terms, needs, capacity in model.memory:
+        cp.Add(sum(n * variables[v] for v, n in zip(terms, needs)) <= capacity)
     cp.Minimize(makespan)
     if start.assembly is not None:
         for var, value in zip(variables, model.hint):

@@ -77,7 +77,8 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
 @dataclass
 class LinearModel:
     """Variables (bounds, integrality, hint), choice rows (Σ terms = rhs, integer coefficients), cost rows
-    (Σ cost · var ≤ makespan, in cost units), memory rows (Σ bytes · var ≤ capacity); minimise makespan."""
+    (Σ cost · var ≤ makespan, in cost units), memory rows (Σ bytes · var ≤ capacity, one per device and memory
+    tier that may bind); minimise makespan."""
 
     lower: list[float] = field(default_factory=list)
     upper: list[float] = field(default_factory=list)
@@ -85,8 +86,7 @@ class LinearModel:
     names: list[str] = field(default_factory=list)
     choices: list[tuple[list[int], list[int], int]] = field(default_factory=list)
     costs: list[tuple[list[int], list[float]]] = field(default_factory=list)
-    memory: list[tuple[list[int], list[int]]] = field(default_factory=list)
-    capacity: int = 0
+    memory: list[tuple[list[int], list[int], int]] = field(default_factory=list)
     makespan_hint: float = 0.0
     decode: dict = field(default_factory=dict)  # variable -> (kind, option, device or node)
 
@@ -109,11 +109,11 @@ def device_classes(candidates: Candidates) -> list[list[int]]:
         placement = candidates.placement(int(o))
         if placement == "pinned":
             columns += [candidates.device_profile(int(o), candidates.priced.costs),
-                        candidates.device_profile(int(o), candidates.memory)]
+                        *candidates.device_profile(int(o), candidates.storage).T]
         elif placement == "node":
             members = candidates.members(int(o))
             local = np.arange(k) % per_node
-            columns += [candidates.priced.costs[members][local], candidates.memory[members][local]]
+            columns += [candidates.priced.costs[members][local], *candidates.storage[members][local].T]
     signature = np.stack(columns, axis=1)
     _, label = np.unique(signature, axis=0, return_inverse=True)
     classes: dict[int, list[int]] = {}
@@ -122,12 +122,12 @@ def device_classes(candidates: Candidates) -> list[list[int]]:
     return list(classes.values())
 
 
-def _identical_pieces(candidates: Candidates, o: int) -> tuple[float, int]:
+def _identical_pieces(candidates: Candidates, o: int) -> tuple[float, np.ndarray]:
     members = candidates.members(o)
-    costs, memory = candidates.priced.costs[members], candidates.memory[members]
-    if np.ptp(costs) != 0 or np.ptp(memory) != 0:
+    costs, storage = candidates.priced.costs[members], candidates.storage[members]
+    if np.ptp(costs) != 0 or np.ptp(storage, axis=0).any():
         raise ValueError(f"option {o}: free pieces of unequal cost or memory")  # our cuts are equal blocks
-    return float(costs[0]), int(memory[0])
+    return float(costs[0]), storage[0]
 
 
 def relabelled_free_devices(candidates: Candidates, assembly: Assembly, order: np.ndarray,
@@ -165,9 +165,9 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     hint_device = (relabelled_free_devices(candidates, start.assembly, order, classes)
                    if start.assembly is not None else None)
     chosen = start.assembly.chosen if start.assembly is not None else np.full(instance.num_tables, -1)
-    model = LinearModel(capacity=instance.topology.memory_bytes)
+    model = LinearModel()
     cost_terms: list[tuple[list[int], list[float]]] = [([], []) for _ in range(k)]
-    memory_terms: list[tuple[list[int], list[int]]] = [([], []) for _ in range(k)]
+    memory_terms: list[tuple[list[int], list[np.ndarray]]] = [([], []) for _ in range(k)]
     loads = np.zeros(k)
     # Symmetry breaking: how many pieces the tables before position q can put on free devices at most.
     used_before = 0
@@ -206,7 +206,7 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     model.choices.append((n_vars, [1] * len(n_vars), parts))
             elif placement == "pinned":
                 profile = candidates.device_profile(o, candidates.priced.costs)
-                needs = candidates.device_profile(o, candidates.memory)
+                needs = candidates.device_profile(o, candidates.storage)
                 if picked:
                     loads += profile
                 y = y_vars.get(o)
@@ -217,10 +217,10 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     cost_terms[d][0].append(y)
                     cost_terms[d][1].append(float(profile[d]))
                     memory_terms[d][0].append(y)
-                    memory_terms[d][1].append(int(needs[d]))
+                    memory_terms[d][1].append(needs[d])
             else:
                 members = candidates.members(o)
-                costs, needs = candidates.priced.costs[members], candidates.memory[members]
+                costs, needs = candidates.priced.costs[members], candidates.storage[members]
                 node_hint = (int(start.assembly.device[members[0]]) // per_node
                              if picked and start.assembly is not None else -1)
                 z_vars = []
@@ -232,7 +232,7 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                         cost_terms[d][0].append(v)
                         cost_terms[d][1].append(float(costs[i]))
                         memory_terms[d][0].append(v)
-                        memory_terms[d][1].append(int(needs[i]))
+                        memory_terms[d][1].append(needs[i])
                 if picked and node_hint >= 0:
                     loads[node_hint * per_node:(node_hint + 1) * per_node] += costs
                 if o in y_vars:
@@ -241,8 +241,9 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     model.choices.append((z_vars, [1] * nodes, 1))
         used_before += most_parts
     model.costs = cost_terms
-    if sum(instance.table_memory()) > instance.topology.memory_bytes:
-        model.memory = memory_terms
+    capacity = instance.topology.capacity.as_array()
+    model.memory = [(terms, [int(n[tier]) for n in needs], int(capacity[tier]))
+                    for tier in candidates.binding_tiers for terms, needs in memory_terms]
     model.makespan_hint = float(loads.max()) if start.assembly is not None else 0.0
     return model
 

@@ -41,7 +41,7 @@ def greedy_by_costs(problem: Problem, costs: np.ndarray) -> SolveResult:
     """Balance a fixed per-table cost vector (longest-processing-time-first with memory)."""
     instance = problem.instance
     return greedy_assign(instance, order_by_cost(costs), AdditiveDeviceState(costs, instance.num_devices),
-                         problem.table_wise.memory)
+                         problem.table_wise.storage)
 
 
 def _heuristic_greedy(kind: str):
@@ -63,7 +63,7 @@ def lpt(problem: Problem, budget: Budget, seed: int) -> SolveResult:
           "(AutoShard's greedy with the cost model); works on non-additive oracles")
 def oracle_greedy(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
-    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state(), priced.memory)
+    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state(), priced.storage)
 
 
 def best_greedy(problem: Problem) -> SolveResult:

@@ -73,8 +73,8 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
         problem += pulp.lpSum(c * variables[v] for v, c in zip(terms, coefficients)) == rhs
     for terms, costs in model.costs:
         problem += pulp.lpSum(c / unit * variables[v] for v, c in zip(terms, costs)) <= makespan
-    for terms, needs in model.memory:
-        problem += pulp.lpSum(n / model.capacity * variables[v] for v, n in zip(terms, needs)) <= memory_room
+    for terms, needs, capacity in model.memory:
+        problem += pulp.lpSum(n / capacity * variables[v] for v, n in zip(terms, needs)) <= memory_room
     if use_start:
         for var, value in zip(variables, model.hint):
             var.setInitialValue(value)
@@ -124,8 +124,12 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     k = candidates.num_devices
     heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)
     unit = heaviest / k if heaviest > 0 else 1.0  # costs in units of the average load keep the LP well scaled
-    capacity = candidates.instance.topology.memory_bytes
+    capacity = candidates.instance.capacity
     use_start = start.assembly is not None
+
+    def overflow(found: tuple[list[int], np.ndarray]) -> np.ndarray:
+        """Bytes over capacity per device and tier (negative: room left)."""
+        return candidates.plan(*found).storage_per_device(candidates.instance) - capacity
 
     def remaining() -> float:
         return max(1.0, budget.time_limit - (time.monotonic() - started))
@@ -139,17 +143,18 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     found, failure = None, None
     if run.values is not None:
         found = decode(candidates, model, run.values)
-        over = max(candidates.plan(*found).memory_per_device(candidates.instance)) - capacity
-        if over > 0:
+        over = overflow(found)
+        if over.max() > 0:
             # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
             # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
-            stats["first_plan_overflow_bytes"] = int(over)
+            stats["first_plan_overflow_bytes"] = int(over.max())
             failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
             retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
-                              1.0 - 2.0 * max(over / capacity, MILP_FEASIBILITY_TOLERANCE), use_start)
+                              1.0 - 2.0 * max(float((over / np.maximum(capacity, 1)).max()), MILP_FEASIBILITY_TOLERANCE),
+                              use_start)
             stats["retry_status"] = retry.stats["solution_status"]
             found = decode(candidates, model, retry.values) if retry.values is not None else None
-            if found is not None and max(candidates.plan(*found).memory_per_device(candidates.instance)) > capacity:
+            if found is not None and overflow(found).max() > 0:
                 found = None
     raw_bound = run.raw_bound
     usable = raw_bound is not None and np.isfinite(raw_bound)

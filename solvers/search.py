@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from instances.memory import tier_label
+
 from .assembly import (
     RELATIVE_STEP,
     Assembly,
@@ -61,15 +63,15 @@ class _Search:
         for piece in movable[a.device[movable] == top]:
             piece = int(piece)
             after_top = state.cost_if_exchanged(top, piece, None)
-            targets = np.flatnonzero((free >= need[piece]) & (np.arange(costs.size) != top))
+            targets = np.flatnonzero((free >= need[piece]).all(axis=1) & (np.arange(costs.size) != top))
             if targets.size:
                 pair = np.maximum(after_top, state.costs_if_added(piece, targets))
                 i = int(np.argmin(pair))
                 if pair[i] < best_value:
                     best_value, best = pair[i], ("move", piece, int(targets[i]))
             if elsewhere.size:
-                fits = ((free[top] + need[piece] - need[elsewhere] >= 0)
-                        & (free[other_devices] + need[elsewhere] - need[piece] >= 0))
+                fits = ((free[top] + need[piece] - need[elsewhere] >= 0).all(axis=1)
+                        & (free[other_devices] + need[elsewhere] - need[piece] >= 0).all(axis=1))
                 candidates, devices = elsewhere[fits], other_devices[fits]
                 if candidates.size:
                     here, there = state.costs_if_swapped(piece, top, candidates, devices)
@@ -141,7 +143,7 @@ class _Search:
         movable = self.free_pieces()
         for i in rng.choice(movable.size, size=min(size, movable.size), replace=False):
             piece = int(movable[i])
-            room = np.flatnonzero(a.free >= a.memory[piece])
+            room = np.flatnonzero((a.free >= a.memory[piece]).all(axis=1))
             room = room[room != a.device[piece]]
             if room.size:
                 a.move(piece, int(rng.choice(room)))
@@ -199,7 +201,8 @@ def _orders(candidates: Candidates, chosen: np.ndarray, weight: np.ndarray) -> l
     both shares."""
     peaks = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
     cost = peaks[chosen]
-    memory = np.array([float(candidates.memory[candidates.members(int(o))].max()) for o in chosen])
+    memory = np.array([float(candidates.device_shares(candidates.storage[candidates.members(int(o))]).max())
+                       for o in chosen])
     share = cost / max(cost.sum(), 1e-300) + memory / max(memory.sum(), 1e-300)
     return [order_by_cost(key) for key in (cost, memory, share)]
 
@@ -224,7 +227,9 @@ def split_greedy(candidates: Candidates, splits: bool = True) -> Assembly | Stuc
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
             o = next(o for o, option in enumerate(candidates.options.options) if option.table == table)
             piece = int(candidates.members(o)[0])
-            return Stuck(piece, int(candidates.memory[piece]), int(candidates.instance.topology.memory_bytes))
+            capacity = candidates.instance.topology.capacity.as_array()
+            tier = int(np.argmax(candidates.storage[piece] > capacity))
+            return Stuck(piece, int(candidates.storage[piece, tier]), int(capacity[tier]), tier)
     weight = option_weight(candidates)
 
     def build(level: float, orders: str = "all") -> tuple[Assembly | None, Stuck | None]:
@@ -274,9 +279,10 @@ def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
     table = int(candidates.options.pieces.table[stuck.piece])
     name = candidates.instance.tables[table].name
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} (a piece of {stuck.need} B) fits on no device it may take: the most free memory left "
-        f"there is {stuck.most_free} B (a heuristic dead end, not a proof of infeasibility)"),
-        no_plan=NoPlan(Cause.DEAD_END, table=table, need=stuck.need, most_free=stuck.most_free))
+        f"table {name} (a piece of {stuck.need} B of {tier_label(stuck.tier)}) fits on no device it may take: the "
+        f"most free {tier_label(stuck.tier)} left there is {stuck.most_free} B (a heuristic dead end, not a proof of "
+        "infeasibility)"),
+        no_plan=NoPlan(Cause.DEAD_END, table=table, need=stuck.need, most_free=stuck.most_free, tier=stuck.tier))
 
 
 def searched(problem: Problem, budget: Budget, seed: int, deadline: float) -> tuple[Assembly | None, SolveResult | None, dict]:
@@ -318,7 +324,7 @@ def random_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
     while samples < limit and (samples == 0 or time.monotonic() < deadline):
         samples += 1
-        result = random_assignment(instance, rng, priced.memory)
+        result = random_assignment(instance, rng, priced.storage)
         if result.plan is None:
             dead_ends += 1
             continue

@@ -61,7 +61,7 @@ def small_instances(draw, max_tables: int = 8, max_devices: int = 3, tight: bool
 
 def brute_force_optimum(instance: Instance, costs: np.ndarray) -> float | None:
     """Minimum over every memory-feasible assignment of the max device load; None when none fits."""
-    k, memory = instance.num_devices, np.array(instance.table_memory())
+    k, memory = instance.num_devices, instance.table_storage()[:, 0]
     capacity = instance.topology.memory_bytes
     best = None
     for assignment in itertools.product(range(k), repeat=instance.num_tables):

@@ -102,7 +102,7 @@ def test_local_search_never_worsens_its_start_nor_breaks_memory(instance, seed):
         assert not result.has_plan
         return
     assert result.objective <= oracle.plan_cost(instance, start.plan) * (1 + 1e-12)
-    assert max(result.plan.memory_per_device(instance)) <= instance.topology.memory_bytes
+    assert (result.plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
 
 
 def test_local_search_and_oracle_greedy_run_on_a_non_additive_oracle():

@@ -19,7 +19,6 @@ from instances import (
     load_instance_set,
     save_instance,
     save_instance_set,
-    table_memory_bytes,
 )
 from instances.dlrm_loader import load_raw_tables, reuse_bins
 from instances.model import BucketSpec, RowDistribution
@@ -141,11 +140,17 @@ def test_plan_validation_catches_each_defect():
 
 
 def test_optimizer_state_counts_in_memory():
-    table = make_instance([(1000, 16, 1.0)], 1, 10**9).tables[0]
+    instance = make_instance([(1000, 16, 1.0)], 1, 10**9)
     from instances import Workload
-    assert table_memory_bytes(table, Workload(optimizer="sgd")) == 1000 * 16 * 2
-    assert table_memory_bytes(table, Workload(optimizer="rowwise_adagrad")) == 1000 * 16 * 2 + 1000 * 4
-    assert table_memory_bytes(table, Workload(optimizer="adam")) == 1000 * 16 * 2 + 1000 * 16 * 8
+
+    def stored(optimizer: str) -> list[int]:
+        return dataclasses.replace(instance, workload=Workload(optimizer=optimizer)).table_storage()[0].tolist()
+
+    # (HBM, host): every byte in HBM, the weights plus the optimizer's fp32 state
+    assert stored("sgd") == [1000 * 16 * 2, 0]
+    assert stored("rowwise_adagrad") == [1000 * 16 * 2 + 1000 * 4, 0]
+    assert stored("adagrad") == [1000 * 16 * 2 + 1000 * 16 * 4, 0]
+    assert stored("adam") == [1000 * 16 * 2 + 1000 * 16 * 8, 0]
 
 
 def test_autoshard_protocol():
@@ -188,7 +193,7 @@ def test_memory_capacity_absolute_and_tightness():
     task = sample_tasks(TaskSpec("autoshard", 20, count=1, memory=MemorySpec(capacity_bytes=123456789)))[0]
     assert task.topology.memory_bytes == 123456789
     task = sample_tasks(TaskSpec("autoshard", 20, count=1, memory=MemorySpec(tightness=1.1)))[0]
-    average = sum(task.table_memory()) / task.num_devices
+    average = task.table_storage()[:, 0].sum() / task.num_devices
     assert 1.1 * average <= task.topology.memory_bytes <= 1.1 * average + 1
     with pytest.raises(InstanceError, match="memory"):
         sample_tasks(TaskSpec("autoshard", 20, memory=MemorySpec(capacity_bytes=1, tightness=1.0)))

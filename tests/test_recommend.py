@@ -30,7 +30,7 @@ def test_features_of_a_hand_made_instance():
     assert f.heaviest == pytest.approx(24 / 14)
     costs = np.array([2.0, 2.0, 24.0])
     assert f.cost_cv == pytest.approx(costs.std() / costs.mean())
-    assert f.tightness == pytest.approx(sum(instance.table_memory()) / (2 * 10**6))
+    assert f.tightness == pytest.approx(instance.table_storage()[:, 0].sum() / (2 * 10**6))
     assert f.split_share == 0.0  # make_instance allows table-wise only
     split = dataclasses.replace(instance, sharding_types=SHARDING_TYPES)
     assert workload_features(split, "lookup", 1.0).split_share == pytest.approx(1 / 3)  # only 24 ≥ 0.25 × 14

@@ -37,7 +37,7 @@ def test_masks_are_respected_under_tight_memory(algorithm):
         episode = play(ShardingMDP(task, _model()), policy, algorithm, np.random.default_rng(0))
         assert all(bool(step.legal[step.action]) for step in episode.steps)
         if episode.overflow == 0:
-            used = np.bincount(episode.assignment, weights=task.table_memory(), minlength=task.num_devices)
+            used = np.bincount(episode.assignment, weights=task.table_storage()[:, 0], minlength=task.num_devices)
             assert used.max() <= task.topology.memory_bytes
 
 

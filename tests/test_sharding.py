@@ -227,9 +227,9 @@ def brute_force_over_options(instance: Instance, oracle) -> float | None:
     options = enumerate_options(instance)
     op = OptionPieces.build(instance, options)
     priced = oracle.bind(instance, op.pieces)
-    costs, memory = priced.costs, priced.memory
+    costs, storage = priced.costs, priced.storage
     k, per_node = instance.num_devices, instance.topology.devices_per_node
-    capacity = instance.topology.memory_bytes
+    capacity = instance.topology.capacity.as_array()
     per_table = []
     for t in range(instance.num_tables):
         choices = []
@@ -245,13 +245,14 @@ def brute_force_over_options(instance: Instance, oracle) -> float | None:
                 placements = [op.devices(o)]
             for devices in placements:
                 load = np.bincount(devices, weights=costs[members], minlength=k)
-                used = np.bincount(devices, weights=memory[members], minlength=k)
+                used = np.zeros((k, 2), dtype=np.int64)
+                np.add.at(used, devices, storage[members])
                 choices.append((load, used))
         per_table.append(choices)
     best = None
     for combo in itertools.product(*per_table):
         used = sum(c[1] for c in combo)
-        if used.max() > capacity:
+        if (used > capacity).any():
             continue
         value = float(sum(c[0] for c in combo).max())
         best = value if best is None else min(best, value)
@@ -310,7 +311,7 @@ def test_every_plan_of_every_solver_tiles_every_table_and_fits_memory(instance, 
             cells = sum(s.num_rows * s.width for s in sharding.shards)
             copies = instance.num_devices if sharding.sharding_type == "data_parallel" else 1
             assert cells == copies * table.rows * table.dim
-        assert max(plan.memory_per_device(instance)) <= instance.topology.memory_bytes
+        assert (plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
         assert plan.is_table_wise or info.splits
 
 

@@ -48,7 +48,7 @@ def test_every_solver_returns_a_valid_plan_or_a_justified_failure(instance, orac
         elapsed = time.monotonic() - started
         if result.has_plan:
             assert result.status in (Status.FEASIBLE, Status.OPTIMAL)
-            assert max(result.plan.memory_per_device(instance)) <= instance.topology.memory_bytes
+            assert (result.plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
             assert result.plan.validate(instance) is result.plan
             assert result.objective == pytest.approx(oracle.plan_cost(instance, result.plan))
         else:

@@ -12,6 +12,7 @@ import torch
 
 from costmodels.neural import NeuralOracle, TrainedModel
 from instances import Instance
+from instances.memory import HBM
 
 from ..base import MemoryTracker
 
@@ -65,7 +66,8 @@ class ShardingMDP:
             table = int(table)
             legal = memory.fits(table)
             if not legal.any():
-                legal = memory.free == memory.free.max()  # AutoShard lets it overflow, then penalises
+                free = memory.free[:, HBM]  # learned policies plan whole tables in HBM
+                legal = free == free.max()  # AutoShard lets it overflow, then penalises
             with_table = sums + self.embeddings[table]
             with torch.no_grad():
                 predicted = self.model.net.device_outputs(with_table)
@@ -82,7 +84,7 @@ class ShardingMDP:
         episode.assignment = tuple(int(d) for d in assignment)
         capacity = self.instance.topology.memory_bytes
         # Exact bytes decide whether it overflows; the penalty is the worst device's excess share.
-        episode.overflow = float(max(0, -int(memory.free.min())) / capacity)
+        episode.overflow = float(max(0, -int(memory.free[:, HBM].min())) / capacity)
         return episode
 
 

@@ -1,0 +1,90 @@
+"""Memory as a vector over tiers — a device's HBM and its host memory (DDR) — and the one rule for what a
+piece of a table stores where: its weights plus the optimizer state kept beside them. Every capacity
+check, validation and solver reads these vectors; nothing else multiplies bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+TIERS = ("hbm", "host")
+HBM, HOST = 0, 1
+TIER_NAMES = {"hbm": "HBM", "host": "host memory"}
+# fp32 optimizer state beside the weights: (bytes per element, bytes per row). SGD keeps none, row-wise
+# Adagrad one scalar per row, Adagrad one per element, Adam two per element.
+OPTIMIZER_STATE = {"sgd": (0, 0), "rowwise_adagrad": (0, 4), "adagrad": (4, 0), "adam": (8, 0)}
+
+
+@dataclass(frozen=True)
+class Storage:
+    """Bytes in each tier (HBM, host memory)."""
+
+    hbm: int = 0
+    host: int = 0
+
+    @classmethod
+    def of(cls, vector) -> "Storage":
+        return cls(int(vector[HBM]), int(vector[HOST]))
+
+    def as_array(self) -> np.ndarray:
+        return np.array([self.hbm, self.host], dtype=np.int64)
+
+    def fits_in(self, capacity: "Storage") -> bool:
+        return self.hbm <= capacity.hbm and self.host <= capacity.host
+
+    def __add__(self, other: "Storage") -> "Storage":
+        return Storage(self.hbm + other.hbm, self.host + other.host)
+
+
+def stored_bytes(rows, width, dtype_bytes, optimizer: str):
+    """Bytes of `rows` × `width` of a table with `dtype_bytes` weights and the optimizer's state beside
+    them; works element-wise on integer arrays (every value fits int64: instances bound rows, dims and
+    totals)."""
+    per_element, per_row = OPTIMIZER_STATE[optimizer]
+    return rows * (width * (dtype_bytes + per_element) + per_row)
+
+
+def storage(rows, width, dtype_bytes, optimizer: str) -> np.ndarray:
+    """Storage vectors, shape (..., 2): what each piece keeps in HBM and in host memory. Every piece is
+    held in HBM (the `fused` kernel); host memory holds nothing yet."""
+    stored = np.asarray(stored_bytes(np.asarray(rows, dtype=np.int64), np.asarray(width, dtype=np.int64),
+                                     np.asarray(dtype_bytes, dtype=np.int64), optimizer), dtype=np.int64)
+    return np.stack([stored, np.zeros_like(stored)], axis=-1)
+
+
+def over_capacity(used: np.ndarray, capacity: np.ndarray) -> list[tuple[int, int]]:
+    """(device, tier) pairs where per-device storage `used` (K × 2) exceeds the capacity vector."""
+    return [(int(d), int(t)) for d, t in zip(*np.nonzero(np.asarray(used) > np.asarray(capacity)))]
+
+
+def tier_label(tier: int) -> str:
+    return TIER_NAMES[TIERS[tier]]
+
+
+def shortfall(need: np.ndarray, free: np.ndarray) -> tuple[int, int]:
+    """Why a piece needing `need` (2,) fits on none of the devices with `free` (m × 2) left: the tier it is
+    short of, and the most free any device has there — among the devices with room in the other tier
+    when every tier has some device with room (then each device is short of one tier or the other)."""
+    free = np.asarray(free).reshape(-1, 2)
+    for tier in (HBM, HOST):
+        if free[:, tier].max(initial=-1) < need[tier]:
+            return tier, int(free[:, tier].max(initial=0))
+    roomy = free[free[:, HOST] >= need[HOST]]
+    return HBM, int(roomy[:, HBM].max(initial=0))
+
+
+def storage_fields(used: np.ndarray, capacity: Storage) -> dict:
+    """A plan's per-device storage for reports and results records: HBM as `memory_per_device` (as records
+    have always had it) and, where devices have host memory, `host_memory_per_device` beside it."""
+    used = np.asarray(used).reshape(-1, 2)
+    fields = {"memory_per_device": [int(x) for x in used[:, HBM]]}
+    if capacity.host > 0:
+        fields["host_memory_per_device"] = [int(x) for x in used[:, HOST]]
+    return fields
+
+
+def describe(used: np.ndarray, capacity: Storage) -> str:
+    """One device's (or the peak) storage against its capacity, tier by tier, for people."""
+    parts = [f"{TIER_NAMES[name]} {used[t] / 2**30:.3f} of {cap / 2**30:.3f} GiB"
+             for t, (name, cap) in enumerate(zip(TIERS, (capacity.hbm, capacity.host))) if cap > 0]
+    return ", ".join(parts)
