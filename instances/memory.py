@@ -1,11 +1,15 @@
 """Memory as a vector over tiers — a device's HBM and its host memory (DDR) — and the one rule for what a
-piece of a table stores where: its weights plus the optimizer state kept beside them. Every capacity
-check, validation and solver reads these vectors; nothing else multiplies bytes."""
+piece of a table stores where: its weights plus the optimizer state kept beside them, in HBM (`fused`,
+`dense`), in host memory (`fused_uvm`), or in host memory with an HBM cache of a share of its rows
+(`fused_uvm_caching`: the cached rows' weights plus FBGEMM's cache state). Every capacity check,
+validation and solver reads these vectors; nothing else multiplies bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from .kernels import FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE
 
 TIERS = ("hbm", "host")
 HBM, HOST = 0, 1
@@ -13,6 +17,11 @@ TIER_NAMES = {"hbm": "HBM", "host": "host memory"}
 # fp32 optimizer state beside the weights: (bytes per element, bytes per row). SGD keeps none, row-wise
 # Adagrad one scalar per row, Adagrad one per element, Adam two per element.
 OPTIMIZER_STATE = {"sgd": (0, 0), "rowwise_adagrad": (0, 4), "adagrad": (4, 0), "adam": (8, 0)}
+# FBGEMM's UVM cache keeps, besides the cached rows' weights, an int32 map per row of the table and an
+# int64 index and an int64 LRU stamp per cache slot (as TorchRec's storage estimator counts them); the
+# optimizer state stays in host memory with the table.
+CACHE_MAP_BYTES_PER_ROW = 4
+CACHE_STATE_BYTES_PER_SLOT = 16
 
 
 @dataclass(frozen=True)
@@ -44,12 +53,27 @@ def stored_bytes(rows, width, dtype_bytes, optimizer: str):
     return rows * (width * (dtype_bytes + per_element) + per_row)
 
 
-def storage(rows, width, dtype_bytes, optimizer: str) -> np.ndarray:
-    """Storage vectors, shape (..., 2): what each piece keeps in HBM and in host memory. Every piece is
-    held in HBM (the `fused` kernel); host memory holds nothing yet."""
-    stored = np.asarray(stored_bytes(np.asarray(rows, dtype=np.int64), np.asarray(width, dtype=np.int64),
-                                     np.asarray(dtype_bytes, dtype=np.int64), optimizer), dtype=np.int64)
-    return np.stack([stored, np.zeros_like(stored)], axis=-1)
+def cache_rows(rows, load_factor):
+    """Rows an HBM cache of `load_factor` of a piece's rows holds (at least one for a positive factor)."""
+    return np.ceil(np.asarray(load_factor, dtype=float) * np.asarray(rows)).astype(np.int64)
+
+
+def storage(rows, width, dtype_bytes, optimizer: str, kernel=None, load_factor=None) -> np.ndarray:
+    """Storage vectors, shape (..., 2): what each piece keeps in HBM and in host memory under its kernel
+    (codes of instances.kernels.KERNELS; None: every piece in HBM) and cache load factor (0 where the
+    kernel keeps no cache)."""
+    rows, width = np.asarray(rows, dtype=np.int64), np.asarray(width, dtype=np.int64)
+    dtype_bytes = np.asarray(dtype_bytes, dtype=np.int64)
+    stored = np.asarray(stored_bytes(rows, width, dtype_bytes, optimizer), dtype=np.int64)
+    if kernel is None:
+        return np.stack([stored, np.zeros_like(stored)], axis=-1)
+    kernel = np.asarray(kernel)
+    in_host = (kernel == KERNEL_CODE[FUSED_UVM]) | (kernel == KERNEL_CODE[FUSED_UVM_CACHING])
+    cached = kernel == KERNEL_CODE[FUSED_UVM_CACHING]
+    slots = np.where(cached, cache_rows(rows, np.where(cached, load_factor, 0.0)), 0)
+    cache = slots * (width * dtype_bytes + CACHE_STATE_BYTES_PER_SLOT) + rows * CACHE_MAP_BYTES_PER_ROW
+    hbm = np.where(in_host, np.where(cached, cache, 0), stored)
+    return np.stack([hbm, np.where(in_host, stored, 0)], axis=-1).astype(np.int64)
 
 
 def over_capacity(used: np.ndarray, capacity: np.ndarray) -> list[tuple[int, int]]:
