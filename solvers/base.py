@@ -266,13 +266,16 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
 
 def memory_infeasibility(problem: Problem) -> str | None:
     """A proof that no plan fits, from two necessary conditions over the instance's options, or None when
-    neither fires: a table none of whose options fits a device, or more memory in all (each table in
-    its leanest option) than the devices have."""
+    neither fires: a table with no option, or none of whose options fits a device, or more memory in all
+    (each table in its leanest option) than the devices have."""
     instance, candidates = problem.instance, problem.candidates
     capacity = instance.topology.memory_bytes
     for t, (table, ids) in enumerate(zip(instance.tables, candidates.by_table)):
         if ids.size == 0:
             options = [o for o, option in enumerate(candidates.options.options) if option.table == t]
+            if not options:  # an instance narrowed after validation (restricted_to) can leave a table none
+                return (f"table {table.name} has no sharding option: its allowed types "
+                        f"{', '.join(instance.allowed_types(table)) or '(none)'} cannot cut it on this topology")
             need = min(int(candidates.memory[candidates.members(o)].max()) for o in options)
             return (f"table {table.name} needs {need} B on some device in its leanest allowed option, more than a "
                     f"device's capacity {capacity} B")
