@@ -19,6 +19,7 @@ OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 # TorchRec's meanings: a whole table on one device; column blocks, each on any device; rows split over all
 # devices; rows split over the devices of one node; a full replica on every device.
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+COLUMN_ALIGNMENT = 4  # column shard widths are multiples of this (TorchRec's rule for column-wise blocks)
 # Ranges far beyond any real model, chosen so that every byte count and cost stays exact in int64 / finite
 # in float64 (a table's memory is at most 2^40 rows × 2^15 dims × 12 B < 2^59; an instance's total is
 # checked against MAX_TOTAL_BYTES).
@@ -26,9 +27,16 @@ MAX_ROWS = 2**40
 MAX_DIM = 2**15
 MAX_POOLING = 1e6
 MAX_DEVICES_PER_AXIS = 2**16
+# What one machine plans: a row-wise or data-parallel option puts a piece of its table on every device,
+# and options, pricing and solver state hold arrays over pieces — measured, split-greedy on 64 tables ×
+# 65,536 devices (2^22 table-device pairs) peaks at 2.7 GB (~650 B a pair). Beyond these a solve runs out
+# of memory (65,536 × 65,536 devices asked 32 GiB of `solve`) instead of saying why.
+MAX_DEVICES = 2**16
+MAX_TABLE_DEVICE_CELLS = 2**22
 MAX_MEMORY_BYTES = 2**56
 MAX_TOTAL_BYTES = 2**62
 MAX_BATCH = 2**31
+MAX_BUCKETS = 2**20  # `buckets` holds a few arrays over buckets and, for interleave, 64 rows per bucket
 BANDWIDTH_RANGE = (1.0, 1e18)  # bytes per second
 MAX_ALPHA = 100.0  # a power law this steep already puts every access on the first row
 
@@ -122,7 +130,7 @@ class BucketSpec:
     rows_per_bucket: int | None = None
 
     def validate(self, path: str) -> None:
-        _positive_int(self.count, f"{path}.count", MAX_ROWS)
+        _positive_int(self.count, f"{path}.count", MAX_BUCKETS)
         _require(self.mapping in BUCKET_MAPPINGS, f"{path}.mapping",
                  f"must be one of {BUCKET_MAPPINGS}, got {self.mapping!r}")
         if self.rows_per_bucket is not None:
@@ -233,6 +241,44 @@ class Workload:
                  f"must be one of {tuple(DTYPE_BYTES)}, got {_short(self.dtype)}")
 
 
+def is_column_cut(dim: int, parts: int) -> bool:
+    """Whether TorchRec cuts `dim` columns into `parts` equal blocks: widths whole multiples of 4."""
+    return parts >= 2 and dim % parts == 0 and (dim // parts) % COLUMN_ALIGNMENT == 0
+
+
+def column_counts(dim: int, num_devices: int) -> tuple[int, ...]:
+    """The column-wise shard counts we enumerate: c = 2, 4, 8, ... while c is a cut of dim and fits the
+    devices (TorchRec's own planner may choose other cuts, e.g. 3 blocks of 128)."""
+    counts, c = [], 2
+    while c <= num_devices and is_column_cut(dim, c):
+        counts.append(c)
+        c *= 2
+    return tuple(counts)
+
+
+def option_parts(kind: str, dim: int, topology: "Topology") -> tuple[int, ...]:
+    """The piece counts of the options a table of width `dim` has under sharding type `kind` (none: the
+    type gives it no option). Row-wise and data-parallel on one device, or table-row-wise on one device
+    per node, are table-wise under another name and give none. Enumeration and validation both ask here."""
+    k, per_node = topology.num_devices, topology.devices_per_node
+    if kind == "table_wise":
+        return (1,)
+    if kind == "column_wise":
+        return column_counts(dim, k)
+    if kind == "table_row_wise":
+        return (per_node,) if per_node > 1 else ()
+    return (k,) if k > 1 else ()
+
+
+def _no_option_reason(kind: str, dim: int, topology: Topology) -> str:
+    if kind == "column_wise":
+        return (f"column_wise cannot cut dim {dim} into 2, 4, 8, ... equal blocks whose widths are multiples of "
+                f"{COLUMN_ALIGNMENT}, at most one per device ({topology.num_devices})")
+    if kind == "table_row_wise":
+        return "table_row_wise needs more than one device per node"
+    return f"{kind} needs more than one device"
+
+
 def _sharding_types(value: Any, path: str) -> tuple[str, ...]:
     _require(isinstance(value, tuple) and len(value) > 0, path, f"must be a non-empty list of {SHARDING_TYPES}")
     for i, kind in enumerate(value):
@@ -308,9 +354,18 @@ class Instance:
         self.topology.validate("topology")
         self.workload.validate("workload")
         _sharding_types(self.sharding_types, "sharding_types")
+        devices = self.num_devices
+        _require(devices <= MAX_DEVICES, "topology", f"{self.topology.nodes} × {self.topology.devices_per_node} = "
+                 f"{devices} devices, more than the {MAX_DEVICES} this tool plans")
+        cells = devices * len(self.tables)
+        _require(cells <= MAX_TABLE_DEVICE_CELLS, "tables", f"{len(self.tables)} tables × {devices} devices = {cells}, "
+                 f"more than the {MAX_TABLE_DEVICE_CELLS} table-device pairs this tool plans in memory")
         for i, table in enumerate(self.tables):
-            _require(len(self.allowed_types(table)) > 0, f"tables[{i}].sharding_types",
-                     "allows none of the instance's sharding types")
+            allowed = self.allowed_types(table)
+            _require(len(allowed) > 0, f"tables[{i}].sharding_types", "allows none of the instance's sharding types")
+            _require(any(option_parts(kind, table.dim, self.topology) for kind in allowed), f"tables[{i}].sharding_types",
+                     f"table {table.name} has no sharding option: "
+                     + "; ".join(_no_option_reason(kind, table.dim, self.topology) for kind in allowed))
         total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
         _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
                  "this tool handles exactly")

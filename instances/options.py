@@ -8,14 +8,15 @@ pieces each option puts on devices. This is the one place that knows the types' 
   the node the solver picks;
 - data_parallel: a full replica pinned to every device.
 Options that are the same plan as a cheaper type (row-wise or data-parallel on one device, table-row-wise
-with one device per node) are not enumerated."""
+with one device per node) are not enumerated. The piece counts come from `model.option_parts`, which
+instance validation asks too, so that a valid instance gives every table an option."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
 
-from .model import Instance
+from .model import SHARDING_TYPES, Instance, option_parts
 from .pieces import KIND_CODE, Pieces
 from .sharding import (
     COLUMN_WISE,
@@ -26,7 +27,6 @@ from .sharding import (
     Plan,
     Shard,
     TableSharding,
-    column_counts,
 )
 
 FREE, PINNED, NODE = "free", "pinned", "node"  # how an option's pieces get their devices
@@ -51,20 +51,11 @@ class Option:
 
 def enumerate_options(instance: Instance) -> list[Option]:
     """Every option of every table, tables in order, table-wise first where allowed."""
-    k, per_node = instance.num_devices, instance.topology.devices_per_node
     options = []
     for t, table in enumerate(instance.tables):
         allowed = instance.allowed_types(table)
-        if TABLE_WISE in allowed:
-            options.append(Option(t, TABLE_WISE, 1))
-        if COLUMN_WISE in allowed:
-            options += [Option(t, COLUMN_WISE, c) for c in column_counts(table.dim, k)]
-        if ROW_WISE in allowed and k > 1:
-            options.append(Option(t, ROW_WISE, k))
-        if TABLE_ROW_WISE in allowed and per_node > 1:
-            options.append(Option(t, TABLE_ROW_WISE, per_node))
-        if DATA_PARALLEL in allowed and k > 1:
-            options.append(Option(t, DATA_PARALLEL, k))
+        options += [Option(t, kind, parts) for kind in SHARDING_TYPES if kind in allowed
+                    for parts in option_parts(kind, table.dim, instance.topology)]
     return options
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .memory import storage
 from .model import SHARDING_TYPES, Instance, Table
+from .rowdist import row_source
 from .sharding import DATA_PARALLEL, Plan
 
 KIND_CODE = {kind: code for code, kind in enumerate(SHARDING_TYPES)}
@@ -72,12 +73,10 @@ class Pieces:
         for t in np.unique(self.table):
             if tables[t].row_distribution is None:
                 continue
-            from .rowdist import row_source
-
             source = row_source(tables[t])
-            mass = source.segment(0, tables[t].rows).sum()
-            for p in np.flatnonzero(self.table == t):
-                share[p] = source.segment(int(self.row_start[p]), int(self.row_end[p])).sum() / mass if mass > 0 else 0.0
+            mass = float(source.mass([0], [tables[t].rows])[0])
+            members = np.flatnonzero(self.table == t)
+            share[members] = source.mass(self.row_start[members], self.row_end[members]) / mass if mass > 0 else 0.0
         return share
 
     def lookup_share(self, instance: Instance) -> np.ndarray:

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any, Sequence
 
 import numpy as np
 
 from .memory import over_capacity, storage, tier_label
 from .model import (
+    COLUMN_ALIGNMENT,
     SHARDING_TYPES,
     Instance,
     InstanceError,
@@ -23,10 +25,10 @@ from .model import (
     _short,
     _string,
     _take,
+    is_column_cut,
 )
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = SHARDING_TYPES
-COLUMN_ALIGNMENT = 4  # column shard widths are multiples of this (TorchRec's rule for column-wise blocks)
 PLAN_SCHEMA_VERSION = 2
 # What `shardbench solve -o` writes beside a version-1 plan: a report of the run, ignored on loading.
 V1_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
@@ -42,24 +44,14 @@ def row_cuts(rows: int, parts: int) -> tuple[tuple[int, int], ...]:
     block = math.ceil(rows / parts)
     full = rows // block
     sizes = [block if p < full else rows - block * full if p == full else 0 for p in range(parts)]
-    starts = [sum(sizes[:p]) for p in range(parts)]
+    starts = accumulate(sizes[:-1], initial=0)
     return tuple((s, s + n) for s, n in zip(starts, sizes))
 
 
 def column_cuts(dim: int, parts: int) -> tuple[tuple[int, int], ...]:
-    """Equal column blocks; the caller checks `column_counts` first."""
+    """Equal column blocks; the caller checks `is_column_cut` first."""
     width = dim // parts
     return tuple((p * width, (p + 1) * width) for p in range(parts))
-
-
-def column_counts(dim: int, num_devices: int) -> tuple[int, ...]:
-    """Column-wise shard counts c = 2, 4, 8, ... while dim / c is a whole multiple of 4 and c fits the
-    devices."""
-    counts, c = [], 2
-    while c <= num_devices and dim % c == 0 and (dim // c) % COLUMN_ALIGNMENT == 0:
-        counts.append(c)
-        c *= 2
-    return tuple(counts)
 
 
 # ---------------------------------------------------------------- the plan
@@ -138,9 +130,10 @@ class Plan:
         return used
 
     def validate(self, instance: Instance) -> "Plan":
-        """Every table's shards tile it exactly once (data-parallel: one full replica per device), with a
-        sharding type the instance allows for it, on devices that exist, and no device over its memory.
-        Errors name the table and the reason."""
+        """Every table's shards tile it exactly once as TorchRec cuts it (equal column blocks; row blocks by
+        `row_cuts` in device order; data-parallel: one full replica per device), with a sharding type the
+        instance allows for it, on devices that exist, and no device over its memory. Errors name the table
+        and the reason. Export and pricing rely on this: TorchRec makes no other cut."""
         if self.instance_id != instance.id:
             raise PlanError(f"plan is for instance {self.instance_id!r}, not {instance.id!r}")
         if len(self.tables) != instance.num_tables:
@@ -191,31 +184,34 @@ def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableShar
     if kind == COLUMN_WISE:
         if not full_rows:
             return "column_wise shards must hold every row"
-        if len(shards) < 2:
-            return "column_wise needs at least 2 shards"
-        if any(s.width % COLUMN_ALIGNMENT for s in shards):
-            return f"column_wise shard widths must be multiples of {COLUMN_ALIGNMENT}"
-        return _gap_or_overlap(sorted(s.cols for s in shards), dim, "columns")
+        if not is_column_cut(dim, len(shards)):
+            return (f"column_wise cuts dim {dim} into equal blocks whose widths are multiples of {COLUMN_ALIGNMENT}; "
+                    f"{len(shards)} blocks are not such a cut")
+        cut = column_cuts(dim, len(shards))
+        blocks = sorted(s.cols for s in shards)
+        if blocks != list(cut):
+            return f"column_wise blocks {_ranges(blocks)} are not TorchRec's equal cut {_ranges(cut)}"
+        return None
     if not full_cols:
         return f"{kind} shards must hold every column"
     if kind == ROW_WISE:
-        expected = list(range(topo.num_devices))
+        first, parts = 0, topo.num_devices
     else:
-        node = shards[0].device // topo.devices_per_node
-        expected = list(range(node * topo.devices_per_node, (node + 1) * topo.devices_per_node))
-    if devices != expected:
+        first, parts = shards[0].device // topo.devices_per_node * topo.devices_per_node, topo.devices_per_node
+    if devices != list(range(first, first + parts)):
         return (f"{kind} needs one shard on every device" if kind == ROW_WISE else
                 "table_row_wise needs one shard on every device of one node")
-    return _gap_or_overlap(sorted(s.rows for s in shards), rows, "rows")
+    cut = row_cuts(rows, parts)
+    by_rank = [s.rows for s in sorted(shards, key=lambda s: s.device)]
+    if by_rank != list(cut):
+        return f"{kind} rows by device {_ranges(by_rank)} are not TorchRec's cut {_ranges(cut)}"
+    return None
 
 
-def _gap_or_overlap(ranges: list[tuple[int, int]], size: int, what: str) -> str | None:
-    at = 0
-    for start, end in ranges:
-        if start != at:
-            return f"{what} {at}..{start} are {'missing' if start > at else 'covered twice'}"
-        at = end
-    return None if at == size else f"{what} {at}..{size} are missing"
+def _ranges(ranges) -> str:
+    """A few [start, end) ranges, for messages."""
+    text = ", ".join(f"[{a}, {b})" for a, b in list(ranges)[:6])
+    return text + (", ..." if len(ranges) > 6 else "")
 
 
 # ---------------------------------------------------------------- JSON

@@ -14,8 +14,8 @@ from instances.io import check_output_path, write_bytes_atomic, write_json_atomi
 from instances.model import BucketPlan, TieringPlan
 from instances.rowdist import row_source
 from solvers.buckets import (
+    access_per_bucket,
     even_split,
-    load_per_bucket,
     optimal_partition,
     range_loads,
     rehash_rows_moved,
@@ -147,7 +147,7 @@ def cmd_buckets(args: argparse.Namespace) -> int:
     rows = rows_per_bucket(table.rows, spec.count, spec.mapping)
     weights = {"rows": rows}
     if table.row_distribution is not None:
-        weights["access"] = load_per_bucket(row_source(table).probabilities(), spec.count, spec.mapping)
+        weights["access"] = access_per_bucket(row_source(table), spec.count, spec.mapping)
     row_bytes = table.dim * table.dtype_bytes
     print(f"{instance.id} / {table.name}: {table.rows} rows in {spec.count} {spec.mapping} buckets, "
           f"{args.trainers} trainers")

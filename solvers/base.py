@@ -276,13 +276,16 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
 
 def memory_infeasibility(problem: Problem) -> str | None:
     """A proof that no plan fits, from two necessary conditions per memory tier over the instance's
-    options, or None when none fires: a table none of whose options fits a device, or more bytes of a
-    tier in all (each table in its leanest option for that tier) than the devices have."""
+    options, or None when none fires: a table with no option, or none of whose options fits a device, or
+    more bytes of a tier in all (each table in its leanest option for that tier) than the devices have."""
     instance, candidates = problem.instance, problem.candidates
     capacity = instance.topology.capacity.as_array()
     for t, (table, ids) in enumerate(zip(instance.tables, candidates.by_table)):
         if ids.size == 0:
             options = [o for o, option in enumerate(candidates.options.options) if option.table == t]
+            if not options:  # an instance narrowed after validation (restricted_to) can leave a table none
+                return (f"table {table.name} has no sharding option: its allowed types "
+                        f"{', '.join(instance.allowed_types(table)) or '(none)'} cannot cut it on this topology")
             over = [(candidates.storage[candidates.members(o)] - capacity).max(axis=0) for o in options]
             tier = int(np.argmax(np.max(over, axis=0)))
             need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)

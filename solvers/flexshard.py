@@ -3,9 +3,10 @@
 from the closed-form breakpoints and from where running sums of the per-row marginal costs cross a
 budget; several tables merge into one distribution.
 
-Rows are never all sorted together: a first pass over each table (rows already in descending order)
-records exact prefix counts and probability sums on a grid of thresholds that includes every breakpoint;
-a crossing between two grid points is then resolved exactly by sorting only the rows in that bracket.
+Rows are never all sorted together, nor all held: each table's source gives exact prefix counts and
+probability sums on a grid of thresholds that includes every breakpoint (in closed form for power laws);
+a crossing between two grid points is narrowed by bisection on the threshold and then resolved exactly by
+sorting only the rows in that bracket.
 Merged order is descending p, ties by table then row, so every result is a deterministic prefix."""
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import numpy as np
 from costmodels.flexshard import FlexParams, breakpoints, marginal_lines
 
 GRID_POINTS = 8192
+BRACKET_ROWS = 1 << 22  # most rows put in merged order at once (32 MiB of probabilities)
 
 
 @dataclass(frozen=True)
@@ -60,11 +62,8 @@ class MergedRows:
         self.grid = np.unique(np.concatenate([grid, specials, [np.inf, 0.0]]))[::-1]  # descending, +inf first
         self.counts = np.zeros((len(tables), self.grid.size), dtype=np.int64)
         self.sums = np.zeros((len(tables), self.grid.size))
-        for i, table in enumerate(self.tables):  # one table's rows in memory at a time
-            p = table.source.probabilities()
-            cumulative = np.concatenate([[0.0], np.cumsum(p)])
-            n = np.searchsorted(-p, -self.grid, side="right")  # rows with p >= τ: a prefix of the table
-            self.counts[i], self.sums[i] = n, cumulative[n]
+        for i, table in enumerate(self.tables):  # rows with p >= τ: a prefix of the table
+            self.counts[i], self.sums[i] = table.source.at_least(self.grid)
         self.lengths = self.sums[:, -1].copy()
 
     def column(self, g: int) -> Prefix:
@@ -98,8 +97,21 @@ class MergedRows:
         g = start_g + int(over[0])
         if g == start_g:
             return start
-        # Pass 2: only the rows between grid points g-1 and g, put in merged order.
-        lo, hi = self.counts[:, g - 1], self.counts[:, g]
+        # The crossing lies between grid points g-1 (within budget) and g (over it). Narrow that bracket by
+        # bisection on the threshold until its rows fit in memory, then put only those in merged order.
+        low, low_total, high = self.column(g - 1), float(totals[g - 1 - start_g]), self.column(g)
+        upper, lower = min(float(self.grid[g - 1]), 2.0), float(self.grid[g])  # no p exceeds 1
+        while (high - low).rows > BRACKET_ROWS:
+            tau = (upper + lower) / 2
+            if not lower < tau < upper:  # no float between: every row of the bracket has p == lower
+                return self._take_tied(low, low_total, high, lower, line, budget)
+            middle = self._prefix_at(tau)
+            total = offset + self.weight(middle - start, line)
+            if total > budget:
+                high, lower = middle, tau
+            else:
+                low, low_total, upper = middle, total, tau
+        lo, hi = low.counts, high.counts
         pieces = [(self.tables[i].source.segment(int(lo[i]), int(hi[i])), i) for i in range(len(self.tables))
                   if hi[i] > lo[i]]
         p = np.concatenate([piece for piece, _ in pieces])
@@ -108,12 +120,34 @@ class MergedRows:
         order = np.lexsort((rank, owner, -p))
         p, owner = p[order], owner[order]
         a, b = line
-        running = totals[g - 1 - start_g] + np.cumsum(self.dims[owner] * (a + b * p))
+        running = low_total + np.cumsum(self.dims[owner] * (a + b * p))
         take = int(np.searchsorted(running, budget, side="right"))
-        result = self.column(g - 1)
+        result = Prefix(low.counts.copy(), low.sums.copy())
         np.add.at(result.counts, owner[:take], 1)
         np.add.at(result.sums, owner[:take], p[:take])
         return result
+
+    def _prefix_at(self, threshold: float) -> Prefix:
+        """All rows with p >= threshold, any threshold (not only grid points)."""
+        counts, sums = zip(*(t.source.at_least([threshold]) for t in self.tables))
+        return Prefix(np.concatenate(counts).astype(np.int64), np.concatenate(sums))
+
+    def _take_tied(self, low: Prefix, low_total: float, high: Prefix, p: float, line: tuple[float, float],
+                   budget: float) -> Prefix:
+        """The crossing among rows that all have probability p, so merged order is by table, then row."""
+        a, b = line
+        counts, sums, total = low.counts.copy(), low.sums.copy(), low_total
+        for i, n in enumerate((high - low).counts.tolist()):
+            each = float(self.dims[i] * (a + b * p))
+            take = n if each <= 0 else min(n, max(0, int((budget - total) // each)))
+            while take > 0 and total + take * each > budget:  # floor division may round up by one
+                take -= 1
+            counts[i] += take
+            sums[i] += take * p
+            total += take * each
+            if take < n:
+                break
+        return Prefix(counts, sums)
 
     def _grid_index(self, threshold: float) -> int:
         matches = np.flatnonzero(self.grid == threshold)

@@ -1,5 +1,6 @@
 import itertools
 import json
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -10,7 +11,10 @@ from hypothesis import strategies as st
 from shardbench.cli import main
 from instances import Instance, Table, Topology, Workload, save_instance
 from instances.model import BucketSpec, RowDistribution
+import solvers.buckets as buckets_module
+from instances.rowdist import EmpiricalRows, PowerLawRows
 from solvers.buckets import (
+    access_per_bucket,
     bucket_of,
     even_split,
     load_per_bucket,
@@ -27,6 +31,21 @@ def test_rows_per_bucket_matches_mapping_every_id(rows, buckets, mapping):
     counted = np.bincount(bucket_of(np.arange(rows), buckets, rows, mapping), minlength=buckets)
     assert counted.size == buckets
     assert np.array_equal(rows_per_bucket(rows, buckets, mapping), counted)
+
+
+@examples(40)
+@given(st.integers(1, 200_000), st.integers(1, 3000), st.sampled_from(["interleave", "chunk"]),
+       st.one_of(st.sampled_from([0.0, 1.0, 1.05, 3.0]), st.floats(0.0, 100.0)), st.floats(0.001, 0.05))
+def test_access_per_bucket_matches_adding_every_row(rows, buckets, mapping, alpha, share):
+    """Past the first rows (here 64 per bucket, 4 × the capped rows), interleaved buckets take their rows'
+    sum in closed form."""
+    source = PowerLawRows(rows, alpha, share * rows)
+    expected = load_per_bucket(source.probabilities(), buckets, mapping)
+    with mock.patch.object(buckets_module, "INTERLEAVE_HEAD_ROWS", 4 * (int(share * rows) + 2)):
+        loads = access_per_bucket(source, buckets, mapping)
+        empirical = access_per_bucket(EmpiricalRows.of(source.probabilities()), buckets, mapping)
+    assert loads == pytest.approx(expected, rel=1e-11, abs=1e-300)
+    assert empirical == pytest.approx(expected, rel=1e-11, abs=1e-300)
 
 
 def test_mappings_follow_the_rfc():

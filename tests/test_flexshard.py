@@ -1,5 +1,6 @@
 import itertools
 import json
+import math
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from costmodels.flexshard import (
 )
 from instances import Instance, Table, Topology, Workload, save_instance
 from instances.model import RowDistribution
-from instances.rowdist import EmpiricalRows, PowerLawRows, probabilities_from_ids
+from instances.rowdist import HEAD_ROWS, EmpiricalRows, PowerLawRows, power_sums, probabilities_from_ids
 from solvers.flexshard import FlexShard, RowTable
 
 PAPERLIKE = FlexParams(nodes=4, gpus_per_node=8, batch=4096, a2a_global=25e9, a2a_intra=300e9, ar_global=75e9,
@@ -64,6 +65,69 @@ def test_power_law_rows_sum_to_length_and_stay_probabilities(rows, alpha, share)
     assert p.max() <= 1.0 and p.min() >= 0 and np.all(np.diff(p) <= 1e-15)
     cut = rows // 2
     assert np.array_equal(PowerLawRows(rows, alpha, share * rows).segment(cut, rows), p[cut:])
+
+
+alphas = st.one_of(st.sampled_from([0.0, 0.5, 1.0, 1.05, 2.0, 100.0]), st.floats(0.0, 100.0))
+
+
+@examples(60)
+@given(st.integers(1, 300_000), alphas, st.floats(0.001, 1.0), st.data())
+def test_power_law_sums_match_adding_the_rows(rows, alpha, share, data):
+    """Sums past the first 2^16 rows come from Euler–Maclaurin: checked against adding every row exactly."""
+    source = PowerLawRows(rows, alpha, share * rows)
+    p = source.probabilities()
+    cuts = sorted(data.draw(st.lists(st.integers(0, rows), min_size=2, max_size=6)))
+    starts, stops = cuts[:-1], cuts[1:]
+    expected = [math.fsum(p[a:b]) for a, b in zip(starts, stops)]
+    assert source.mass(starts, stops) == pytest.approx(expected, rel=1e-12, abs=1e-300)
+    assert source.mass([0], [rows])[0] == pytest.approx(share * rows, rel=1e-12)
+    thresholds = [np.inf, 1.0, *p[data.draw(st.lists(st.integers(0, rows - 1), max_size=4))], p[-1] / 2, 0.0]
+    counts, sums = source.at_least(thresholds)
+    assert counts.tolist() == np.searchsorted(-p, -np.array(thresholds), side="right").tolist()
+    assert sums == pytest.approx([math.fsum(p[:n]) for n in counts], rel=1e-12, abs=1e-300)
+
+
+@examples(60)
+@given(st.integers(1, 10**6), st.integers(1, 10**4), st.integers(1, 3000), alphas)
+def test_power_sums_of_a_run_match_adding_its_terms(offset, step, count, alpha):
+    first = HEAD_ROWS * step + offset  # where the error bound is stated
+    terms = np.power(first + step * np.arange(count, dtype=np.float64), -alpha)
+    assert power_sums([first], step, [count], alpha)[0] == pytest.approx(math.fsum(terms), rel=1e-12, abs=1e-300)
+
+
+def test_a_power_law_table_of_2_to_the_40_rows_needs_no_per_row_array():
+    source = PowerLawRows(2**40, 1.05, 500.0)
+    cuts = [0, 10, 2**20, 2**39, 2**40]
+    parts = source.mass(cuts[:-1], cuts[1:])
+    assert parts.sum() == pytest.approx(500.0, rel=1e-12) and np.all(parts > 0)
+    counts, _ = source.at_least([1.0, 1e-6, 0.0])
+    assert counts[-1] == 2**40 and 0 < counts[0] <= counts[1] < 2**40
+
+
+def test_an_empirical_list_shorter_than_its_table_holds_only_the_list():
+    source = EmpiricalRows.of([0.25, 0.5], rows=2**40)
+    assert source.rows == 2**40 and source.segment(0, 4).tolist() == [0.5, 0.25, 0.0, 0.0]
+    assert source.mass([0, 1, 2], [2**40, 2**40, 2**40]).tolist() == [0.75, 0.25, 0.0]
+    counts, sums = source.at_least([0.5, 0.1, 0.0])
+    assert counts.tolist() == [1, 2, 2**40] and sums.tolist() == [0.5, 0.75, 0.75]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.8, 1.05, 60.0])  # 60: most rows' p underflows to 0
+def test_narrowing_the_crossing_bracket_changes_no_tiering(alpha, monkeypatch):
+    """The bracket a crossing lies in is narrowed by bisection once it holds more than BRACKET_ROWS rows
+    (and rows of equal probability are taken by table, then row): the same tiers as sorting it whole."""
+    tables = [RowTable("a", PowerLawRows(30_000, alpha, 900.0), 16, 4), RowTable("b", PowerLawRows(20_000, alpha, 50.0), 32, 4),
+              RowTable("c", EmpiricalRows.of(np.random.default_rng(3).random(5000) ** 4), 16, 4)]
+    params = FlexParams(nodes=2, gpus_per_node=4, batch=64, a2a_global=10e9, a2a_intra=100e9, ar_global=10e9,
+                        ar_cross=10e9)
+    whole = FlexShard(tables, params)
+    monkeypatch.setattr(flexshard_module, "BRACKET_ROWS", 3)
+    narrowed = FlexShard(tables, params)
+    for mode in ("two_tier", "three_tier"):
+        a, b = getattr(whole, mode)(), getattr(narrowed, mode)()
+        assert (a.dp_rows, a.flex_rows) == (b.dp_rows, b.flex_rows)
+    for extra in (0.0, 1e4, 1e6):
+        assert whole.least_communication(extra).counts.tolist() == narrowed.least_communication(extra).counts.tolist()
 
 
 def test_probabilities_from_an_id_sample_count_each_row_once_per_sample():
@@ -182,6 +246,11 @@ def test_cli_flexshard_end_to_end(tmp_path, capsys):
     plans = json.loads(out.read_text())["plans"]
     assert [p["mode"][:6] for p in plans] == ["2-tier", "3-tier", "least-"]
     assert plans[0]["memory_per_gpu"] <= 40 * 10**9 and plot.stat().st_size > 1000
+
+
+def test_cli_flexshard_tiers_a_law_whose_tail_underflows_to_zero(tmp_path, capsys):
+    assert main(["flexshard", str(_rm_like(tmp_path, rows=10**6, alpha=100.0))]) == 0
+    assert "2-tier" in capsys.readouterr().out
 
 
 def test_cli_flexshard_refuses_what_does_not_fit_or_cannot_be_tiered(tmp_path, capsys):

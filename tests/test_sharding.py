@@ -23,11 +23,11 @@ from instances import (
     Workload,
     save_instance,
 )
+from instances.model import column_counts
 from instances.options import OptionPieces, enumerate_options, plan_from_choice
 from instances.pieces import Pieces
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from instances.sharding import (
-    column_counts,
     compact,
     expand,
     plan_from_dict,
@@ -100,12 +100,18 @@ def test_valid_plans_of_every_type():
 
 BAD_PLANS = [
     (TableSharding("row_wise", (Shard(0, (0, 6), (0, 16)), Shard(1, (5, 10), (0, 16)), Shard(2, (10, 10), (0, 16)),
-                                Shard(3, (10, 10), (0, 16)))), "covered twice"),
+                                Shard(3, (10, 10), (0, 16)))), "rows by device .* not TorchRec's cut"),
     (TableSharding("row_wise", (Shard(0, (0, 4), (0, 16)), Shard(1, (5, 10), (0, 16)), Shard(2, (10, 10), (0, 16)),
-                                Shard(3, (10, 10), (0, 16)))), "rows 4..5 are missing"),
+                                Shard(3, (10, 10), (0, 16)))), r"\[0, 4\), \[5, 10\).* not TorchRec's cut"),
     (TableSharding("table_wise", (_full(10, 16, 4),)), "device 4 is not in 0..3"),
-    (TableSharding("column_wise", (Shard(0, (0, 10), (0, 6)), Shard(1, (0, 10), (6, 16)))), "multiples of 4"),
-    (TableSharding("column_wise", (Shard(0, (0, 10), (0, 8)), Shard(1, (0, 10), (4, 16)))), "covered twice"),
+    (TableSharding("column_wise", (Shard(0, (0, 10), (0, 6)), Shard(1, (0, 10), (6, 16)))), "not TorchRec's equal cut"),
+    (TableSharding("column_wise", (Shard(0, (0, 10), (0, 8)), Shard(1, (0, 10), (4, 16)))), "not TorchRec's equal cut"),
+    # TorchRec cuts columns into equal blocks only: 4, 4, 8 is no cut of its (export crashed on it).
+    (TableSharding("column_wise", (Shard(0, (0, 10), (0, 4)), Shard(1, (0, 10), (4, 8)), Shard(2, (0, 10), (8, 16)))),
+     "3 blocks are not such a cut"),
+    (TableSharding("column_wise", tuple(Shard(d % 4, (0, 10), (2 * d, 2 * d + 2)) for d in range(8))),
+     "8 blocks are not such a cut"),
+    (TableSharding("table_row_wise", (Shard(2, (5, 10), (0, 16)), Shard(3, (0, 5), (0, 16)))), "not TorchRec's cut"),
     (TableSharding("data_parallel", tuple(_full(10, 16, d) for d in range(3))), "every device"),
     (TableSharding("row_wise", (Shard(0, (0, 10), (0, 16)),)), "every device"),
     (TableSharding("table_row_wise", (Shard(1, (0, 5), (0, 16)), Shard(2, (5, 10), (0, 16)))), "one node"),
@@ -373,9 +379,9 @@ def test_cli_solves_with_sharding_types_and_shows_the_plan(tmp_path, capsys):
     (lambda d: d["tables"][0]["shards"].append(dict(d["tables"][0]["shards"][0])), "one shard of the whole table"),
     (lambda d: d["tables"][0]["shards"][0].update(device=99), "device 99"),
     (lambda d: d["tables"][0].update(sharding_type="column_wise", shards=[
-        {"device": 0, "rows": [0, 10], "cols": [0, 6]}, {"device": 1, "rows": [0, 10], "cols": [6, 16]}]), "multiples of 4"),
+        {"device": 0, "rows": [0, 10], "cols": [0, 6]}, {"device": 1, "rows": [0, 10], "cols": [6, 16]}]), "not TorchRec's equal cut"),
     (lambda d: d["tables"][0].update(sharding_type="row_wise", shards=[
-        {"device": d, "rows": r, "cols": [0, 16]} for d, r in enumerate([[0, 3], [4, 6], [6, 8], [8, 10]])]), "missing"),
+        {"device": d, "rows": r, "cols": [0, 16]} for d, r in enumerate([[0, 3], [4, 6], [6, 8], [8, 10]])]), "not TorchRec's cut"),
     (lambda d: d["tables"].pop(), "has no sharding"),
     (lambda d: d.update(schema_version=3), "schema_version"),
 ])
