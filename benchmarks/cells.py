@@ -65,7 +65,7 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
     Solvers that split run under each of the suite's sharding settings; the others place whole tables and
     run once, under table-wise."""
     guides = suite.oracles if suite.judge is None else tuple(dict.fromkeys((suite.judge, *suite.oracles)))
-    additive = {name: get_oracle(name).additive for name in guides}  # a neural oracle loads weights: once
+    built = {name: get_oracle(name) for name in guides}  # a neural oracle loads weights: once
     others = [s for s in suite.solvers if s != "random"]
     cells = []
     for instance in instances:
@@ -77,7 +77,8 @@ def suite_cells(suite: Suite, instances: Iterable[Instance]) -> list[Cell]:
                     solvers = others
                 for solver in solvers:
                     info = get_solver(solver)
-                    if incompatibility(info, additive[oracle]):
+                    if incompatibility(info, built[oracle].additive, built[oracle].prices_tiers,
+                                       instance.uses_host_memory):
                         continue
                     seeds = suite.random_seeds if solver == "random" else suite.seeds if info.stochastic else (0,)
                     settings = suite.sharding if info.splits else (TABLE_WISE_SETTING,)

@@ -13,9 +13,15 @@ links inside a node, inter-node links between nodes):
 - data-parallel: a replica computes only its own device's samples and all-reduces the table's gradient
   (within the node, then across nodes).
 
+Memory tiers: a piece's rows are read where its kernel keeps them — `fused` in HBM; `fused_uvm` in host
+memory, every lookup's row over the HBM↔host link (its gradient updates too); `fused_uvm_caching` from an
+HBM cache of a share of its rows, which serves the lookups its access curve gives that share
+(instances.access: the hottest rows), while each miss is fetched over the link into the cache and an
+evicted, updated row is written back (two row transfers per miss); its updates land in the cache.
+
 Defaults follow TorchRec's published planner constants (torchrec/distributed/planner/constants.py):
 HBM 897 GB/s with a 1.5× factor for the fused TBE kernel, DDR 51 GB/s for CPU devices, backward = 2 ×
-forward compute; link bandwidths come from the instance's topology."""
+forward compute; link bandwidths, the host link's included, come from the instance's topology."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from instances import Instance
+from instances.kernels import FUSED_UVM, FUSED_UVM_CACHING
 from instances.model import DTYPE_BYTES
 from instances.pieces import Pieces
 
@@ -46,6 +53,7 @@ class AnalyticOracle(AdditiveOracle):
                    "collectives over intra-/inter-node links (TorchRec constants)")
     unit = "s"
     has_breakdown = True
+    prices_tiers = True
 
     def __init__(self, constants: AnalyticConstants = AnalyticConstants()):
         self.constants = constants
@@ -77,8 +85,16 @@ class AnalyticOracle(AdditiveOracle):
         # every sample); sequence pieces one per lookup.
         samples = np.where(replica, batch, global_batch)
         written = np.where(pooled, samples, lookups) * width * out_bytes
-        forward = (lookups * width * elem + written) / memory_bw
+        read = lookups * width * elem
+        forward = (read + written) / memory_bw
         backward = c.backward_multiplier * forward
+        uvm, cached = pieces.is_kernel(FUSED_UVM), pieces.is_kernel(FUSED_UVM_CACHING)
+        if uvm.any() or cached.any():
+            misses = read * (1.0 - pieces.hit_rates(instance))
+            link = topo.host_link_bw
+            forward = np.where(uvm, written / memory_bw + read / link,
+                               np.where(cached, forward + 2 * misses / link, forward))
+            backward = np.where(uvm, c.backward_multiplier * (written / memory_bw + read / link), backward)
 
         def all_to_all(per_peer: np.ndarray) -> np.ndarray:
             """Each device sends `per_peer` bytes to every other device; of those peers, W-1 share its node.

@@ -8,8 +8,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .kernels import HOST_KERNELS, KERNELS, kernels_for
 from .memory import Storage, storage, stored_bytes
-SCHEMA_VERSION = 2  # 2 added the topology's host memory; version-1 files (HBM only) still load
+SCHEMA_VERSION = 2  # 2 added host memory and compute kernels; version-1 files (HBM, fused only) still load
 NUM_REUSE_BINS = 17
 BINS_TOLERANCE = 1e-6
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
@@ -149,6 +150,7 @@ class Table:
     row_distribution: RowDistribution | None = None
     buckets: BucketSpec | None = None
     sharding_types: tuple[str, ...] | None = None  # the types this table allows (None: the instance's)
+    compute_kernels: tuple[str, ...] | None = None  # the kernels this table allows (None: the instance's)
 
     @property
     def weight_bytes(self) -> int:
@@ -186,6 +188,8 @@ class Table:
             self.buckets.validate(f"{path}.buckets")
         if self.sharding_types is not None:
             _sharding_types(self.sharding_types, f"{path}.sharding_types")
+        if self.compute_kernels is not None:
+            _compute_kernels(self.compute_kernels, f"{path}.compute_kernels")
 
 
 @dataclass(frozen=True)
@@ -202,6 +206,7 @@ class Topology:
     allreduce_cross_node_bw: float = 12.5e9
     device_kind: str = "gpu"
     host_memory_bytes: int = 0
+    host_link_bw: float = 32 * 2**30  # HBM <-> host memory (UVM over PCIe); TorchRec's HBM_TO_DDR_MEM_BW
 
     @property
     def num_devices(self) -> int:
@@ -220,7 +225,8 @@ class Topology:
                  f"{path}.host_memory_bytes", f"must be an integer in 0..{MAX_MEMORY_BYTES} (0: no host memory), "
                  f"got {_short(self.host_memory_bytes)}")
         low, high = BANDWIDTH_RANGE
-        for name in ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw", "allreduce_cross_node_bw"):
+        for name in ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw", "allreduce_cross_node_bw",
+                     "host_link_bw"):
             _finite(getattr(self, name), f"{path}.{name}", low, maximum=high)
         _string(self.device_kind, f"{path}.device_kind")
 
@@ -279,6 +285,14 @@ def _no_option_reason(kind: str, dim: int, topology: Topology) -> str:
     return f"{kind} needs more than one device"
 
 
+def _compute_kernels(value: Any, path: str) -> tuple[str, ...]:
+    _require(isinstance(value, tuple) and len(value) > 0, path, f"must be a non-empty list of {KERNELS}")
+    for i, kernel in enumerate(value):
+        _require(isinstance(kernel, str) and kernel in KERNELS, f"{path}[{i}]", f"must be one of {KERNELS}, got {_short(kernel)}")
+    _require(len(set(value)) == len(value), path, "lists a compute kernel twice")
+    return value
+
+
 def _sharding_types(value: Any, path: str) -> tuple[str, ...]:
     _require(isinstance(value, tuple) and len(value) > 0, path, f"must be a non-empty list of {SHARDING_TYPES}")
     for i, kind in enumerate(value):
@@ -296,6 +310,27 @@ class Instance:
     workload: Workload = field(default_factory=Workload)
     provenance: str = ""
     sharding_types: tuple[str, ...] = SHARDING_TYPES
+    compute_kernels: tuple[str, ...] = KERNELS
+
+    def allowed_kernels(self, table: Table, sharding_type: str) -> tuple[str, ...]:
+        """The kernels that may serve `table` as `sharding_type`: those the type takes, the instance and the
+        table allow, and — for kernels in host memory — that the devices have host memory for."""
+        return tuple(k for k in kernels_for(sharding_type) if k in self.compute_kernels
+                     and (table.compute_kernels is None or k in table.compute_kernels)
+                     and (k not in HOST_KERNELS or self.topology.host_memory_bytes > 0))
+
+    @property
+    def uses_host_memory(self) -> bool:
+        """Whether some table may live in host memory (the devices have some and a host kernel is allowed)."""
+        return any(k in HOST_KERNELS for t in self.tables for kind in self.allowed_types(t)
+                   for k in self.allowed_kernels(t, kind))
+
+    def restricted_to_kernels(self, kernels: Sequence[str] | None) -> "Instance":
+        """The same instance allowing only those of its compute kernels that are in `kernels` (None: as is).
+        Not validated: a table left with no option is for the caller to report."""
+        if kernels is None:
+            return self
+        return replace(self, compute_kernels=tuple(k for k in self.compute_kernels if k in kernels))
 
     def allowed_types(self, table: Table) -> tuple[str, ...]:
         """The sharding types `table` may take: the instance's, narrowed by the table's own list."""
@@ -354,6 +389,7 @@ class Instance:
         self.topology.validate("topology")
         self.workload.validate("workload")
         _sharding_types(self.sharding_types, "sharding_types")
+        _compute_kernels(self.compute_kernels, "compute_kernels")
         devices = self.num_devices
         _require(devices <= MAX_DEVICES, "topology", f"{self.topology.nodes} × {self.topology.devices_per_node} = "
                  f"{devices} devices, more than the {MAX_DEVICES} this tool plans")
@@ -366,6 +402,10 @@ class Instance:
             _require(any(option_parts(kind, table.dim, self.topology) for kind in allowed), f"tables[{i}].sharding_types",
                      f"table {table.name} has no sharding option: "
                      + "; ".join(_no_option_reason(kind, table.dim, self.topology) for kind in allowed))
+            _require(any(self.allowed_kernels(table, kind) for kind in allowed), f"tables[{i}].compute_kernels",
+                     f"table {table.name} has no compute kernel for its sharding types "
+                     f"({', '.join(allowed)})" + ("" if self.topology.host_memory_bytes else
+                                                  "; fused_uvm and fused_uvm_caching need host memory"))
         total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
         _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
                  "this tool handles exactly")
@@ -404,13 +444,14 @@ def _take(data: Mapping[str, Any], path: str, required: Sequence[str], optional:
 def _table_from_dict(data: Any, path: str) -> Table:
     data = _expect_mapping(data, path)
     values = _take(data, path, ("name", "rows", "dim", "dtype_bytes", "pooling_factor", "reuse_bins"),
-                   ("pooled", "row_distribution", "buckets", "sharding_types"))
+                   ("pooled", "row_distribution", "buckets", "sharding_types", "compute_kernels"))
     bins = values["reuse_bins"]
     _require(isinstance(bins, list), f"{path}.reuse_bins", "must be a list")
     values["reuse_bins"] = tuple(bins)
-    if values.get("sharding_types") is not None:
-        _require(isinstance(values["sharding_types"], list), f"{path}.sharding_types", "must be a list")
-        values["sharding_types"] = tuple(values["sharding_types"])
+    for key in ("sharding_types", "compute_kernels"):
+        if values.get(key) is not None:
+            _require(isinstance(values[key], list), f"{path}.{key}", "must be a list")
+            values[key] = tuple(values[key])
     if values.get("row_distribution") is not None:
         rd_path = f"{path}.row_distribution"
         rd = _take(_expect_mapping(values["row_distribution"], rd_path), rd_path, ("kind",), ("alpha", "probabilities"))
@@ -439,12 +480,14 @@ def _table_to_dict(table: Table) -> dict:
                           "rows_per_bucket": table.buckets.rows_per_bucket}
     if table.sharding_types is not None:
         out["sharding_types"] = list(table.sharding_types)
+    if table.compute_kernels is not None:
+        out["compute_kernels"] = list(table.compute_kernels)
     return out
 
 
 _TOPOLOGY_FIELDS = ("nodes", "devices_per_node", "memory_bytes")
 _TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_global_bw",
-                      "allreduce_cross_node_bw", "device_kind", "host_memory_bytes")
+                      "allreduce_cross_node_bw", "device_kind", "host_memory_bytes", "host_link_bw")
 
 
 def instance_to_dict(instance: Instance) -> dict:
@@ -456,6 +499,7 @@ def instance_to_dict(instance: Instance) -> dict:
         "topology": {k: getattr(topo, k) for k in (*_TOPOLOGY_FIELDS, *_TOPOLOGY_OPTIONAL)},
         "workload": {"batch_size": work.batch_size, "optimizer": work.optimizer, "dtype": work.dtype},
         "sharding_types": list(instance.sharding_types),
+        "compute_kernels": list(instance.compute_kernels),
         "tables": [_table_to_dict(t) for t in instance.tables],
     }
 
@@ -464,8 +508,10 @@ def instance_from_dict(data: Any) -> Instance:
     """Parse and validate; raises InstanceError naming the first bad field."""
     data = _expect_mapping(data, "instance")
     version = _check_version(data, (1, SCHEMA_VERSION))
-    values = _take(data, "", ("schema_version", "id", "topology", "tables"), ("workload", "provenance", "sharding_types"))
-    optional = _TOPOLOGY_OPTIONAL if version >= 2 else tuple(k for k in _TOPOLOGY_OPTIONAL if k != "host_memory_bytes")
+    values = _take(data, "", ("schema_version", "id", "topology", "tables"),
+                   ("workload", "provenance", "sharding_types", *(("compute_kernels",) if version >= 2 else ())))
+    optional = _TOPOLOGY_OPTIONAL if version >= 2 else tuple(k for k in _TOPOLOGY_OPTIONAL
+                                                             if k not in ("host_memory_bytes", "host_link_bw"))
     topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, optional)
     work_raw = values.get("workload", {})
     work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
@@ -473,6 +519,8 @@ def instance_from_dict(data: Any) -> Instance:
     _require(isinstance(tables, list), "tables", "must be a list")
     types = values.get("sharding_types", list(SHARDING_TYPES))
     _require(isinstance(types, list), "sharding_types", "must be a list")
+    kernels = values.get("compute_kernels", list(KERNELS))
+    _require(isinstance(kernels, list), "compute_kernels", "must be a list")
     instance = Instance(
         id=values["id"],
         tables=tuple(_table_from_dict(t, f"tables[{i}]") for i, t in enumerate(tables)),
@@ -480,6 +528,7 @@ def instance_from_dict(data: Any) -> Instance:
         workload=Workload(**work),
         provenance=values.get("provenance", ""),
         sharding_types=tuple(types),
+        compute_kernels=tuple(kernels),
     )
     return instance.validate()
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels import FUSED, FUSED_UVM_CACHING, KERNEL_CODE, default_kernel, load_factor_choices
 from .model import SHARDING_TYPES, Instance, option_parts
 from .pieces import KIND_CODE, Pieces
 from .sharding import (
@@ -34,9 +35,14 @@ FREE, PINNED, NODE = "free", "pinned", "node"  # how an option's pieces get thei
 
 @dataclass(frozen=True)
 class Option:
+    """A table cut by `sharding_type` into `parts` pieces, served by `kernel` (with an HBM cache of
+    `load_factor` of its rows for fused_uvm_caching)."""
+
     table: int
     sharding_type: str
     parts: int
+    kernel: str = FUSED
+    load_factor: float | None = None
 
     @property
     def placement(self) -> str:
@@ -46,16 +52,34 @@ class Option:
 
     @property
     def label(self) -> str:
-        return f"{self.sharding_type}×{self.parts}" if self.sharding_type == COLUMN_WISE else self.sharding_type
+        cut = f"{self.sharding_type}×{self.parts}" if self.sharding_type == COLUMN_WISE else self.sharding_type
+        if self.kernel == default_kernel(self.sharding_type):
+            return cut
+        return f"{cut} {self.kernel}" + (f"@{self.load_factor:g}" if self.load_factor is not None else "")
+
+
+def kernel_choices(instance: Instance, table_index: int, sharding_type: str) -> list[tuple[str, float | None]]:
+    """(kernel, load factor) pairs a table may take under a sharding type: each allowed kernel, a cached one
+    at each of the table's load factors."""
+    table = instance.tables[table_index]
+    choices: list[tuple[str, float | None]] = []
+    for kernel in instance.allowed_kernels(table, sharding_type):
+        if kernel == FUSED_UVM_CACHING:
+            choices += [(kernel, f) for f in load_factor_choices()]
+        else:
+            choices.append((kernel, None))
+    return choices
 
 
 def enumerate_options(instance: Instance) -> list[Option]:
-    """Every option of every table, tables in order, table-wise first where allowed."""
+    """Every option of every table, tables in order, table-wise first where allowed, then each cut with
+    each kernel (HBM first)."""
     options = []
     for t, table in enumerate(instance.tables):
         allowed = instance.allowed_types(table)
-        options += [Option(t, kind, parts) for kind in SHARDING_TYPES if kind in allowed
-                    for parts in option_parts(kind, table.dim, instance.topology)]
+        options += [Option(t, kind, parts, kernel, load_factor) for kind in SHARDING_TYPES if kind in allowed
+                    for parts in option_parts(kind, table.dim, instance.topology)
+                    for kernel, load_factor in kernel_choices(instance, t, kind)]
     return options
 
 
@@ -81,6 +105,7 @@ class OptionPieces:
     @classmethod
     def build(cls, instance: Instance, options: list[Option]) -> "OptionPieces":
         columns: list[list[np.ndarray]] = [[] for _ in range(8)]
+        kernels, load_factors = [], []
         for o, option in enumerate(options):
             table = instance.tables[option.table]
             n = option.parts
@@ -99,10 +124,15 @@ class OptionPieces:
             for column, values in zip(columns, (np.full(n, option.table), np.full(n, KIND_CODE[option.sharding_type]),
                                                 *row_range, *col_range, np.full(n, o), pin)):
                 column.append(np.asarray(values, dtype=np.int64))
+            kernels.append(np.full(n, KERNEL_CODE[option.kernel]))
+            load_factors.append(np.full(n, option.load_factor or 0.0))
         arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in columns]
         counts = np.array([o.parts for o in options], dtype=np.int64)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]) if options else np.zeros(0, dtype=np.int64)
-        return cls(tuple(options), Pieces.of(*arrays[:6]), arrays[6], arrays[7], first)
+        kernel = np.concatenate(kernels) if kernels else np.zeros(0, dtype=np.int64)
+        load_factor = np.concatenate(load_factors) if load_factors else np.zeros(0)
+        return cls(tuple(options), Pieces.of(*arrays[:6], kernel=kernel, load_factor=load_factor), arrays[6],
+                   arrays[7], first)
 
     def members(self, o: int) -> np.ndarray:
         return np.arange(self.first[o], self.first[o] + self.options[o].parts)
@@ -127,5 +157,5 @@ def plan_from_choice(instance: Instance, options: OptionPieces, chosen: list[int
         shards = tuple(Shard(int(devices[p]), (int(pieces.row_start[p]), int(pieces.row_end[p])),
                              (int(pieces.col_start[p]), int(pieces.col_end[p])))
                        for p in options.members(o))
-        tables.append(TableSharding(option.sharding_type, shards))
+        tables.append(TableSharding(option.sharding_type, shards, option.kernel, option.load_factor))
     return Plan(instance.id, tuple(tables))

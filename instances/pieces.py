@@ -1,5 +1,6 @@
 """Pieces: the rectangles of tables that devices hold, as arrays (one entry per piece: its table, sharding
-type, rows and columns), so that pricing millions of them is vector arithmetic. A table-wise layout has
+type, rows and columns, compute kernel and cache load factor), so that pricing millions of them is vector
+arithmetic. A table-wise layout has
 one piece per table; a plan's shards become pieces one for one. Oracles price pieces; solvers place them."""
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE
 from .memory import storage
 from .model import SHARDING_TYPES, Instance, Table
 from .rowdist import row_source
@@ -23,10 +25,17 @@ class Pieces:
     row_end: np.ndarray
     col_start: np.ndarray
     col_end: np.ndarray
+    kernel: np.ndarray       # index into instances.kernels.KERNELS
+    load_factor: np.ndarray  # the HBM cache's share of the piece's rows (fused_uvm_caching), else 0
 
     @classmethod
-    def of(cls, table, kind, row_start, row_end, col_start, col_end) -> "Pieces":
+    def of(cls, table, kind, row_start, row_end, col_start, col_end, kernel=None, load_factor=None) -> "Pieces":
+        """Without kernels, every piece takes its type's default (HBM) kernel and no cache."""
         arrays = [np.asarray(a, dtype=np.int64) for a in (table, kind, row_start, row_end, col_start, col_end)]
+        if kernel is None:
+            kernel = np.where(arrays[1] == KIND_CODE[DATA_PARALLEL], KERNEL_CODE[DENSE], KERNEL_CODE[FUSED])
+        arrays.append(np.asarray(kernel, dtype=np.int64))
+        arrays.append(np.zeros(arrays[0].size) if load_factor is None else np.asarray(load_factor, dtype=float))
         for a in arrays:
             a.flags.writeable = False
         return cls(*arrays)
@@ -40,15 +49,19 @@ class Pieces:
     @classmethod
     def of_plan(cls, instance: Instance, plan: Plan) -> tuple["Pieces", np.ndarray]:
         """The plan's shards as pieces, with the device of each."""
-        rows = [(t, KIND_CODE[sharding.sharding_type], *s.rows, *s.cols, s.device)
+        rows = [(t, KIND_CODE[sharding.sharding_type], *s.rows, *s.cols, s.device, KERNEL_CODE[sharding.compute_kernel])
                 for t, sharding in enumerate(plan.tables) for s in sharding.shards]
-        columns = np.array(rows, dtype=np.int64).reshape(-1, 7).T
-        return cls.of(*columns[:6]), columns[6].copy()
+        columns = np.array(rows, dtype=np.int64).reshape(-1, 8).T
+        load_factor = [sharding.cache_load_factor or 0.0 for sharding in plan.tables for _ in sharding.shards]
+        return cls.of(*columns[:6], kernel=columns[7], load_factor=load_factor), columns[6].copy()
 
     @classmethod
     def concat(cls, parts: list["Pieces"]) -> "Pieces":
         return cls.of(*(np.concatenate([getattr(p, f) for p in parts]) for f in
-                        ("table", "kind", "row_start", "row_end", "col_start", "col_end")))
+                        ("table", "kind", "row_start", "row_end", "col_start", "col_end", "kernel", "load_factor")))
+
+    def is_kernel(self, kernel: str) -> np.ndarray:
+        return self.kernel == KERNEL_CODE[kernel]
 
     def __len__(self) -> int:
         return int(self.table.size)
@@ -79,6 +92,28 @@ class Pieces:
             share[members] = source.mass(self.row_start[members], self.row_end[members]) / mass if mass > 0 else 0.0
         return share
 
+    def hit_rates(self, instance: Instance) -> np.ndarray:
+        """The share of each piece's lookups its HBM serves: all for a piece in HBM, none for one read over
+        UVM, and for a cached piece what its cache of the hottest `load_factor` of its rows serves, by the
+        table's access curve (instances.access) — over the piece's own rows where the table ranks its rows
+        by frequency, the whole curve where a piece's rows are a uniform slice of the table."""
+        from .access import access_curve
+
+        rates = np.where(self.is_kernel(FUSED_UVM), 0.0, 1.0)
+        cached = np.flatnonzero(self.is_kernel(FUSED_UVM_CACHING))
+        tables = instance.tables
+        for p in cached.tolist():
+            table = tables[int(self.table[p])]
+            curve, factor = access_curve(table), float(self.load_factor[p])
+            if table.row_distribution is None:
+                rates[p] = float(curve.hit_rate(factor))
+                continue
+            start, end = int(self.row_start[p]), int(self.row_end[p])
+            held = start + min(end - start, int(np.ceil(factor * (end - start))))
+            low, top, high = curve.hit_rate(np.array([start, held, end]) / table.rows)
+            rates[p] = float((top - low) / (high - low)) if high > low else 1.0
+        return rates
+
     def lookup_share(self, instance: Instance) -> np.ndarray:
         """The share of the table's lookups (over the global batch) each piece serves: its rows' share, and
         for a data-parallel replica only its own device's samples, 1 / devices."""
@@ -88,7 +123,7 @@ class Pieces:
     def storage(self, instance: Instance) -> np.ndarray:
         """What each piece stores in each tier (HBM, host), shape (pieces, 2): `instances.memory.storage`."""
         dtype = np.array([t.dtype_bytes for t in instance.tables], dtype=np.int64)[self.table]
-        return storage(self.rows, self.width, dtype, instance.workload.optimizer)
+        return storage(self.rows, self.width, dtype, instance.workload.optimizer, self.kernel, self.load_factor)
 
     def as_tables(self, instance: Instance) -> list[Table]:
         """Each piece as the table it is to a device: its rows, its columns, its share of the lookups (as

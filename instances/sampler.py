@@ -36,6 +36,7 @@ class MemorySpec:
 
     capacity_bytes: int | None = None
     tightness: float | None = None
+    host_memory_bytes: int | None = None  # per device; None: no host memory
 
     def capacity_for(self, total_bytes: int, num_devices: int) -> int:
         if self.tightness is not None:
@@ -49,6 +50,10 @@ class MemorySpec:
             raise InstanceError("memory.capacity_bytes", f"must be > 0, got {self.capacity_bytes}")
         if self.tightness is not None and not self.tightness > 0:
             raise InstanceError("memory.tightness", f"must be > 0, got {self.tightness}")
+        if self.host_memory_bytes is not None and not (isinstance(self.host_memory_bytes, int)
+                                                       and self.host_memory_bytes > 0):
+            raise InstanceError("memory.host_memory_bytes", f"must be a positive number of bytes, got "
+                                f"{self.host_memory_bytes!r}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ def _make_instance(spec: TaskSpec, task_id: str, entries: list[PoolTable], dims:
                         workload.optimizer)[:, HBM].sum())
     topology = Topology(nodes=spec.nodes, devices_per_node=num_devices // spec.nodes,
                         memory_bytes=spec.memory.capacity_for(total, num_devices), intra_node_a2a_bw=spec.intra_node_bw,
+                        host_memory_bytes=spec.memory.host_memory_bytes or 0,
                         inter_node_a2a_bw=spec.inter_node_bw)
     provenance = (f"dlrm_t856 pool, protocol={spec.protocol}, split={spec.split}, seed={spec.seed}, "
                   f"tables={spec.num_tables}, devices={num_devices}"

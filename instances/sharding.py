@@ -1,7 +1,7 @@
 """Sharded plans: the five sharding types with TorchRec's meanings, the rules that cut a table into shards
 (TorchRec's own row and column cuts, so that an exported plan is the plan we priced), the plan itself
-(every table one sharding type, every shard one device), its validation, and its JSON: schema 2, with
-schema 1 (a device per table) still loading as all table-wise."""
+(every table one sharding type and compute kernel, every shard one device), its validation, and its JSON:
+schema 3, with schema 2 (no kernels: HBM) and schema 1 (a device per table) still loading."""
 from __future__ import annotations
 
 import math
@@ -11,6 +11,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .kernels import KERNEL_CODE, default_kernel, kernel_problem
 from .memory import over_capacity, storage, tier_label
 from .model import (
     COLUMN_ALIGNMENT,
@@ -29,7 +30,7 @@ from .model import (
 )
 
 TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = SHARDING_TYPES
-PLAN_SCHEMA_VERSION = 2
+PLAN_SCHEMA_VERSION = 3  # 3 added each table's compute kernel and cache load factor
 # What `shardbench solve -o` writes beside a version-1 plan: a report of the run, ignored on loading.
 V1_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
                   "device_costs", "memory_per_device")
@@ -76,10 +77,17 @@ class Shard:
 
 @dataclass(frozen=True)
 class TableSharding:
-    """One table's sharding choice and its shards."""
+    """One table's sharding choice, its shards, and the compute kernel that serves them (None: the type's
+    HBM kernel) with its cache load factor (fused_uvm_caching only)."""
 
     sharding_type: str
     shards: tuple[Shard, ...]
+    compute_kernel: str | None = None
+    cache_load_factor: float | None = None
+
+    def __post_init__(self):
+        if self.compute_kernel is None:  # plans from before kernels: HBM, as they were priced
+            object.__setattr__(self, "compute_kernel", default_kernel(self.sharding_type))
 
     @classmethod
     def whole(cls, table_rows: int, dim: int, device: int) -> "TableSharding":
@@ -120,11 +128,21 @@ class Plan:
             counts[t.sharding_type] = counts.get(t.sharding_type, 0) + 1
         return counts
 
+    def kernels(self) -> dict[str, int]:
+        """Tables per compute kernel."""
+        counts: dict[str, int] = {}
+        for t in self.tables:
+            counts[t.compute_kernel] = counts.get(t.compute_kernel, 0) + 1
+        return counts
+
     def storage_per_device(self, instance: Instance) -> np.ndarray:
         """What each device stores in each tier (HBM, host), shape (devices, 2)."""
         shards = [(table, shard) for table, sharding in zip(instance.tables, self.tables) for shard in sharding.shards]
+        kernels = [(KERNEL_CODE[sharding.compute_kernel], sharding.cache_load_factor or 0.0)
+                   for sharding in self.tables for _ in sharding.shards]
         per_shard = storage([s.num_rows for _, s in shards], [s.width for _, s in shards],
-                            [t.dtype_bytes for t, _ in shards], instance.workload.optimizer).reshape(-1, 2)
+                            [t.dtype_bytes for t, _ in shards], instance.workload.optimizer,
+                            [k for k, _ in kernels], [f for _, f in kernels]).reshape(-1, 2)
         used = np.zeros((instance.num_devices, 2), dtype=np.int64)
         np.add.at(used, np.array([s.device for _, s in shards], dtype=np.int64), per_shard)
         return used
@@ -142,6 +160,11 @@ class Plan:
             problem = _tiling_problem(instance, table.rows, table.dim, sharding)
             if problem is None and sharding.sharding_type not in instance.allowed_types(table):
                 problem = f"sharding type {sharding.sharding_type} is not allowed for this table"
+            if problem is None:
+                problem = kernel_problem(sharding.sharding_type, sharding.compute_kernel, sharding.cache_load_factor)
+            if problem is None and sharding.compute_kernel not in instance.allowed_kernels(table, sharding.sharding_type):
+                problem = (f"compute kernel {sharding.compute_kernel} is not allowed for this table"
+                           + ("" if instance.topology.host_memory_bytes else " (the devices have no host memory)"))
             if problem:
                 raise PlanError(f"table {table.name}: {problem}")
         check_capacity(self.storage_per_device(instance), instance)
@@ -220,6 +243,9 @@ def _ranges(ranges) -> str:
 def plan_to_dict(plan: Plan, instance: Instance, report: dict | None = None) -> dict:
     out = {"schema_version": PLAN_SCHEMA_VERSION, "kind": "placement", "instance_id": plan.instance_id,
            "tables": [{"name": table.name, "sharding_type": sharding.sharding_type,
+                       "compute_kernel": sharding.compute_kernel,
+                       **({"cache_load_factor": sharding.cache_load_factor}
+                          if sharding.cache_load_factor is not None else {}),
                        "shards": [{"device": s.device, "rows": list(s.rows), "cols": list(s.cols)}
                                   for s in sharding.shards]}
                       for table, sharding in zip(instance.tables, plan.tables)]}
@@ -238,7 +264,7 @@ def plan_from_dict(data: Any, instance: Instance) -> Plan:
     """Reads a plan for `instance` (tables by name, in any order; a version-1 plan is all table-wise).
     The result is not validated against the instance yet: call `validate`."""
     data = _expect_mapping(data, "plan")
-    version = _check_version(data, (1, PLAN_SCHEMA_VERSION))
+    version = _check_version(data, (1, 2, PLAN_SCHEMA_VERSION))
     if version == 1:
         values = _take(data, "", ("schema_version", "instance_id", "assignment"), ("kind", *V1_REPORT_KEYS))
     else:
@@ -259,7 +285,8 @@ def plan_from_dict(data: Any, instance: Instance) -> Plan:
     by_name: dict[str, TableSharding] = {}
     for i, entry in enumerate(tables):
         path = f"tables[{i}]"
-        entry = _take(_expect_mapping(entry, path), path, ("name", "sharding_type", "shards"))
+        entry = _take(_expect_mapping(entry, path), path, ("name", "sharding_type", "shards"),
+                      ("compute_kernel", "cache_load_factor") if version >= 3 else ())
         name = _string(entry["name"], f"{path}.name")
         _require(name not in by_name, f"{path}.name", f"table {name!r} appears twice")
         _require(isinstance(entry["sharding_type"], str) and entry["sharding_type"] in SHARDING_TYPES,
@@ -271,7 +298,13 @@ def plan_from_dict(data: Any, instance: Instance) -> Plan:
             shard = _take(_expect_mapping(shard, spath), spath, ("device", "rows", "cols"))
             _require(_is_int(shard["device"]), f"{spath}.device", f"must be a device index, got {_short(shard['device'])}")
             shards.append(Shard(shard["device"], _pair(shard["rows"], f"{spath}.rows"), _pair(shard["cols"], f"{spath}.cols")))
-        by_name[name] = TableSharding(entry["sharding_type"], tuple(shards))
+        kernel = entry.get("compute_kernel", default_kernel(entry["sharding_type"]))
+        load_factor = entry.get("cache_load_factor")
+        problem = kernel_problem(entry["sharding_type"], kernel, load_factor)
+        _require(problem is None, f"{path}.{'cache_load_factor' if 'load factor' in (problem or '') else 'compute_kernel'}",
+                 problem or "")
+        by_name[name] = TableSharding(entry["sharding_type"], tuple(shards), kernel,
+                                      None if load_factor is None else float(load_factor))
     names = [t.name for t in instance.tables]
     unknown = sorted(set(by_name) - set(names))
     _require(not unknown, "tables", f"table {unknown[0]!r} is not in instance {instance.id!r}" if unknown else "")
@@ -288,11 +321,14 @@ def compact(plan: Plan, instance: Instance) -> list[list]:
     for table, sharding in zip(instance.tables, plan.tables):
         kind = sharding.sharding_type
         if kind in (TABLE_WISE, COLUMN_WISE):
-            out.append([kind, *sharding.devices])
+            entry = [kind, *sharding.devices]
         elif kind == TABLE_ROW_WISE:
-            out.append([kind, sharding.shards[0].device // instance.topology.devices_per_node])
+            entry = [kind, sharding.shards[0].device // instance.topology.devices_per_node]
         else:
-            out.append([kind])
+            entry = [kind]
+        if sharding.compute_kernel != default_kernel(kind):  # stores from before kernels read on unchanged
+            entry.append({"kernel": sharding.compute_kernel, "load_factor": sharding.cache_load_factor})
+        out.append(entry)
     if expand(out, instance) != plan:
         raise InstanceError("plan", "is not cut by the standard rules; store it with plan_to_dict")
     return out
@@ -303,6 +339,7 @@ def expand(entries: list[list], instance: Instance) -> Plan:
     topo = instance.topology
     tables = []
     for table, (kind, *devices) in zip(instance.tables, entries):
+        kernel = devices.pop() if devices and isinstance(devices[-1], dict) else {}
         full_rows, full_cols = (0, table.rows), (0, table.dim)
         if kind == TABLE_WISE:
             shards = (Shard(devices[0], full_rows, full_cols),)
@@ -316,5 +353,5 @@ def expand(entries: list[list], instance: Instance) -> Plan:
                            for i, r in enumerate(row_cuts(table.rows, topo.devices_per_node)))
         else:
             shards = tuple(Shard(d, full_rows, full_cols) for d in range(topo.num_devices))
-        tables.append(TableSharding(kind, shards))
+        tables.append(TableSharding(kind, shards, kernel.get("kernel"), kernel.get("load_factor")))
     return Plan(instance.id, tuple(tables))

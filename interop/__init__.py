@@ -8,6 +8,6 @@ from solvers.base import register
 from .oracle import TorchRecOracle
 from .peer import planner_solver
 
-register_oracle("torchrec", TorchRecOracle, costly_additive=True)
+register_oracle("torchrec", TorchRecOracle, costly_additive=True, costly_tiers=True)
 register("torchrec-planner", "TorchRec's EmbeddingShardingPlanner (default proposers, HBM kernels): its plan as ours; "
          "ignores the given oracle and the time budget", splits=True, budgeted=False, peer=True)(planner_solver)

@@ -3,8 +3,9 @@ the edge, and TorchRec's own objects (topology, module, sharder, constraints) fo
 loads only when one of these is called.
 
 Units: TorchRec's bandwidths are bytes per millisecond and its perf milliseconds; instances keep bytes
-per second, so bandwidths are converted here. Compute kernels: `fused` (HBM) for the model-parallel
-types and `dense` for data-parallel, since instances model device memory only."""
+per second, so bandwidths are converted here. Compute kernels and cache load factors are the plan's
+(instances.kernels); an instance's host memory is TorchRec's `ddr_cap`, its host link TorchRec's
+`hbm_to_ddr_mem_bw`."""
 from __future__ import annotations
 
 import warnings
@@ -14,7 +15,7 @@ from instances import Instance, InstanceError
 STORAGE_RESERVE = 0.15  # TorchRec's default share of HBM kept back; the instance's capacity is the rest
 MS = 1000.0             # TorchRec's bandwidths are per millisecond
 DATA_TYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
-KERNEL = {"data_parallel": "dense"}  # every other type: "fused"
+TORCHREC_DEFAULT_LOAD_FACTOR = 0.2  # its planner's UVM_CACHING_RATIO: the cache when nothing sizes it
 IMPORTED_BINS = (1.0,) + (0.0,) * 16  # unknown reuse: every accessed index once (read by measured/neural only)
 
 
@@ -29,17 +30,15 @@ def load_torchrec():
     return torchrec
 
 
-def kernel(sharding_type: str) -> str:
-    return KERNEL.get(sharding_type, "fused")
-
-
 def torchrec_topology(instance: Instance, compute_device: str = "cuda"):
     from torchrec.distributed.planner import Topology as TorchRecTopology
 
     topo = instance.topology
+    host = {"ddr_cap": topo.host_memory_bytes} if topo.host_memory_bytes else {}  # TorchRec reserves HBM only
     return TorchRecTopology(world_size=instance.num_devices, local_world_size=topo.devices_per_node,
                             compute_device=compute_device, hbm_cap=int(topo.memory_bytes / (1 - STORAGE_RESERVE)),
-                            intra_host_bw=topo.intra_node_a2a_bw / MS, inter_host_bw=topo.inter_node_a2a_bw / MS)
+                            intra_host_bw=topo.intra_node_a2a_bw / MS, inter_host_bw=topo.inter_node_a2a_bw / MS,
+                            hbm_to_ddr_mem_bw=topo.host_link_bw / MS, **host)
 
 
 def torchrec_module(instance: Instance, device: str = "meta"):
@@ -73,5 +72,7 @@ def torchrec_sharder(module):
 def torchrec_constraints(instance: Instance) -> dict:
     from torchrec.distributed.planner import ParameterConstraints
 
-    return {t.name: ParameterConstraints(pooling_factors=[t.pooling_factor], sharding_types=list(instance.allowed_types(t)),
-                                         compute_kernels=["fused", "dense"]) for t in instance.tables}
+    return {t.name: ParameterConstraints(
+        pooling_factors=[t.pooling_factor], sharding_types=list(instance.allowed_types(t)),
+        compute_kernels=sorted({k for kind in instance.allowed_types(t) for k in instance.allowed_kernels(t, kind)}))
+        for t in instance.tables}

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from instances import Instance, InstanceError, Plan, Shard, Table, TableSharding
+from instances.kernels import FUSED_UVM_CACHING, kernel_problem
 from instances.model import SHARDING_TYPES
 
-from .common import kernel, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
+from .common import TORCHREC_DEFAULT_LOAD_FACTOR, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
 
 
 @dataclass(frozen=True)
@@ -29,26 +30,31 @@ def _generator(instance: Instance, sharding: TableSharding):
 
     kind = sharding.sharding_type
     if kind == "table_wise":
-        return sp.table_wise(rank=sharding.shards[0].device, compute_kernel=kernel(kind))
-    if kind == "column_wise":
+        generator = sp.table_wise(rank=sharding.shards[0].device)
+    elif kind == "column_wise":
         ordered = sorted(sharding.shards, key=lambda s: s.cols[0])
-        return sp.column_wise(ranks=[s.device for s in ordered], compute_kernel=kernel(kind))
-    if kind == "row_wise":
-        return sp.row_wise(compute_kernel=kernel(kind))
-    if kind == "table_row_wise":
-        # TorchRec 1.8's table_row_wise helper takes no kernel and falls back to "dense", which its planner
-        # never proposes for this type and which runs (and is priced) far slower than the "fused" we price.
-        return _with_kernel(sp.table_row_wise(host_index=sharding.shards[0].device // instance.topology.devices_per_node),
-                            kernel(kind))
-    return sp.data_parallel()
+        generator = sp.column_wise(ranks=[s.device for s in ordered])
+    elif kind == "row_wise":
+        generator = sp.row_wise()
+    elif kind == "table_row_wise":
+        generator = sp.table_row_wise(host_index=sharding.shards[0].device // instance.topology.devices_per_node)
+    else:
+        generator = sp.data_parallel()
+    return _with_kernel(generator, sharding.compute_kernel, sharding.cache_load_factor)
 
 
-def _with_kernel(generator, compute_kernel: str):
-    """A ParameterSharding generator whose output carries `compute_kernel`."""
+def _with_kernel(generator, compute_kernel: str, load_factor: float | None):
+    """A ParameterSharding generator whose output carries the kernel we priced, and the cache load factor
+    for a cached table. TorchRec's helpers default to "dense" unless told (table_row_wise takes no kernel
+    at all): a kernel TorchRec's planner never proposes there, which runs and is priced far slower."""
     import dataclasses
 
+    from torchrec.distributed.types import CacheParams
+
+    cache = CacheParams(load_factor=load_factor) if load_factor is not None else None
+
     def generate(*args, **kwargs):
-        return dataclasses.replace(generator(*args, **kwargs), compute_kernel=compute_kernel)
+        return dataclasses.replace(generator(*args, **kwargs), compute_kernel=compute_kernel, cache_params=cache)
 
     return generate
 
@@ -124,7 +130,16 @@ def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding
             raise InstanceError(f"plan: table {table.name}", "TorchRec placed it whole as one column shard, "
                                 "but table_wise is not allowed for it")
         kind = "table_wise"
-    return TableSharding(kind, shards)
+    kernel = sharding.compute_kernel
+    load_factor = None
+    if kernel == FUSED_UVM_CACHING:
+        # Without a load factor of its own, TorchRec sizes (and prices) the cache at its default ratio.
+        given = sharding.cache_params.load_factor if sharding.cache_params is not None else None
+        load_factor = float(given) if given is not None else TORCHREC_DEFAULT_LOAD_FACTOR
+    problem = kernel_problem(kind, kernel, load_factor)
+    if problem:
+        raise InstanceError(f"plan: table {table.name}", problem)
+    return TableSharding(kind, shards, kernel, load_factor)
 
 
 def from_torchrec_plan(instance: Instance, sharding_plan, path: str | None = None) -> Plan:
@@ -173,6 +188,7 @@ def torchrec_rating(model, sharders: list, sharding_plan, topology, batch_size: 
         narrowed[name] = dataclasses.replace(
             base, sharding_types=sorted({*(base.sharding_types if name in narrowed else ()), sharding.sharding_type}),
             compute_kernels=sorted({*(base.compute_kernels if name in narrowed else ()), sharding.compute_kernel}),
+            cache_params=sharding.cache_params if sharding.cache_params is not None else base.cache_params,
             min_partition=width if width is not None else base.min_partition)
     enumerator = EmbeddingEnumerator(topology=topology, batch_size=batch_size, constraints=narrowed)
     options = enumerator.enumerate(model, sharders)

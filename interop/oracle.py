@@ -10,10 +10,11 @@ import numpy as np
 
 from costmodels.base import AdditiveOracle, AdditivePriced, Priced
 from instances import Instance, InstanceError, Table
+from instances.kernels import KERNELS
 from instances.model import SHARDING_TYPES
 from instances.pieces import Pieces
 
-from .common import kernel, load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
+from .common import load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
 
 
 @dataclass
@@ -41,6 +42,7 @@ class TorchRecOracle(AdditiveOracle):
     unit = "ms"
     has_breakdown = True
     own_memory = True
+    prices_tiers = True
 
     def __init__(self):
         self._cache: tuple[Instance, _Estimates] | None = None  # the last instance priced and its estimators
@@ -73,11 +75,13 @@ class TorchRecOracle(AdditiveOracle):
             self._cache = (instance, _Estimates(estimators, sharder_data, {o.name: o for o in options}))
         return self._cache[1]
 
-    def _option(self, instance: Instance, table: Table, kind: str, width: int):
-        """TorchRec's option for its cut of `table` as `kind` (column blocks of `width`), with one shard per
-        distinct shard size, and the offsets of every shard of the full cut."""
+    def _option(self, instance: Instance, table: Table, kind: str, width: int, kernel: str, load_factor: float | None):
+        """TorchRec's option for its cut of `table` as `kind` (column blocks of `width`) served by `kernel`
+        (with a cache of `load_factor` of its rows), with one shard per distinct shard size, and the offsets
+        of every shard of the full cut."""
         from torchrec.distributed.planner.enumerators import get_partition_by_type
         from torchrec.distributed.planner.types import Shard as TorchRecShard
+        from torchrec.distributed.types import CacheParams
 
         from instances.sharding import column_cuts, row_cuts
 
@@ -92,7 +96,8 @@ class TorchRecOracle(AdditiveOracle):
         for r, c in cuts:
             sizes.setdefault((r[1] - r[0], c[1] - c[0]), (r[0], c[0]))
         option = copy.copy(self._estimates(instance).templates[table.name])  # shallow: module and tensor shared
-        option.sharding_type, option.compute_kernel = kind, kernel(kind)
+        option.sharding_type, option.compute_kernel = kind, kernel
+        option.cache_params = CacheParams(load_factor=load_factor) if load_factor is not None else None
         option.partition_by = get_partition_by_type(kind)
         option.shards = [TorchRecShard(size=list(size), offset=list(offset)) for size, offset in sizes.items()]
         return option, {(r[0], c[0]) for r, c in cuts}
@@ -101,9 +106,11 @@ class TorchRecOracle(AdditiveOracle):
         rows, width = pieces.rows.tolist(), pieces.width.tolist()
         row_start, col_start = pieces.row_start.tolist(), pieces.col_start.tolist()
         groups: dict[tuple, list[int]] = {}
-        for p, key in enumerate(zip(pieces.table.tolist(), pieces.kind.tolist(), width)):
+        for p, key in enumerate(zip(pieces.table.tolist(), pieces.kind.tolist(), width, pieces.kernel.tolist(),
+                                    pieces.load_factor.tolist())):
             groups.setdefault(key, []).append(p)
-        options = {key: self._option(instance, instance.tables[key[0]], SHARDING_TYPES[key[1]], key[2]) for key in groups}
+        options = {key: self._option(instance, instance.tables[key[0]], SHARDING_TYPES[key[1]], key[2], KERNELS[key[3]],
+                                     key[4] or None) for key in groups}
         self._estimates(instance).estimate([option for option, _ in options.values()])
         breakdown = np.zeros((len(pieces), 4))
         storage = np.zeros((len(pieces), 2), dtype=np.int64)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from costmodels import oracle_is_additive
+from costmodels import oracle_is_additive, oracle_prices_tiers
 from instances import Instance
-from solvers import get_solver
+from solvers import SolverOracleMismatch, get_solver
+from solvers.base import incompatibility
 
 from .portfolio import PortfolioResult, run_portfolio
 from .recommend import Rules
@@ -24,7 +25,9 @@ def plan(instance: Instance, oracle: str = "analytic", budget: float = 10.0, sol
          seed: int = 0, rules: str | Path | None = None) -> PortfolioResult:
     """The best validated plan any member of the portfolio finds within `budget` seconds, with the best
     bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too)."""
-    oracle_is_additive(oracle)  # an unknown name fails here, without building a costly oracle
+    mismatch = incompatibility(None, oracle_is_additive(oracle), oracle_prices_tiers(oracle), instance.uses_host_memory)
+    if mismatch:  # an unknown oracle fails above, without building a costly one
+        raise SolverOracleMismatch(f"oracle {oracle!r}: {mismatch}")
     if solvers is not None:
         for name in solvers:
             get_solver(name)

@@ -6,6 +6,7 @@ import argparse
 import math
 
 from instances import SHARDING_TYPES
+from instances.kernels import KERNELS
 from solvers import MAX_SEED, MAX_TIME_LIMIT
 
 EXIT_ERROR = 2
@@ -77,3 +78,17 @@ def sharding_types(text: str) -> tuple[str, ...]:
 
 
 sharding_types.__name__ = "sharding types"
+
+
+def compute_kernels(text: str) -> tuple[str, ...]:
+    """A comma-separated list of compute kernels, or `all`."""
+    if text.strip() == "all":
+        return KERNELS
+    kernels = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kernels if k not in KERNELS]
+    if not kernels or bad or len(set(kernels)) != len(kernels):
+        raise argparse.ArgumentTypeError(f"must be 'all' or distinct names from {', '.join(KERNELS)}, got {text!r}")
+    return kernels
+
+
+compute_kernels.__name__ = "compute kernels"

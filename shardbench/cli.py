@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodels import UnknownOracleError, get_oracle, oracle_is_additive, oracle_names
+from costmodels import UnknownOracleError, get_oracle, oracle_is_additive, oracle_names, oracle_prices_tiers
 from instances import (
     Instance,
     InstanceError,
@@ -38,11 +38,20 @@ from solvers import (
     run_solver,
     solver_names,
 )
-
-from solvers.base import memory_infeasibility
+from solvers.base import incompatibility, memory_infeasibility
 from solvers.bounds import gap_to_bound
 
-from .args import EXIT_ERROR, POSITIVE, SEED, TIME_LIMIT, Parser, examples, number, sharding_types
+from .args import (
+    EXIT_ERROR,
+    POSITIVE,
+    SEED,
+    TIME_LIMIT,
+    Parser,
+    compute_kernels,
+    examples,
+    number,
+    sharding_types,
+)
 from .demo import add_command as add_demo_command
 from .planfiles import sidecar_path, write_plan_files
 from .recommend import RecommenderError
@@ -63,7 +72,7 @@ def _cmd_sample(args: argparse.Namespace) -> int:
         devices = args.nodes * args.devices_per_node
     spec = TaskSpec(protocol=args.protocol, num_tables=args.tables, split=args.split, seed=args.seed,
                     num_devices=devices, count=args.count, unseen_ratio=args.unseen_ratio,
-                    memory=MemorySpec(args.capacity_bytes, args.tightness), dtype=args.dtype,
+                    memory=MemorySpec(args.capacity_bytes, args.tightness, args.host_memory_bytes), dtype=args.dtype,
                     workload=Workload(batch_size=args.batch_size, optimizer=args.optimizer, dtype=args.dtype),
                     nodes=args.nodes, sharding_types=args.sharding_types, intra_node_bw=args.intra_node_bw,
                     inter_node_bw=args.inter_node_bw)
@@ -197,20 +206,31 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def restrict(instance: Instance, types: tuple[str, ...] | None) -> Instance:
-    """The instance planned with only `types` (the CLI's --sharding-types); every table must keep one."""
+def _load_factors(plan) -> str:
+    factors = sorted(t.cache_load_factor for t in plan.tables if t.cache_load_factor is not None)
+    return f" (cache load factors {', '.join(f'{f:g}' for f in dict.fromkeys(factors))})" if factors else ""
+
+
+def restrict(instance: Instance, types: tuple[str, ...] | None, kernels: tuple[str, ...] | None = None) -> Instance:
+    """The instance planned with only `types` and `kernels` (the CLI's --sharding-types, --compute-kernels);
+    every table must keep an option."""
     restricted = instance.restricted_to(types)
     for table in restricted.tables:
         if not restricted.allowed_types(table):
             raise InstanceError("--sharding-types", f"leaves table {table.name} no sharding type it allows "
                                 f"(it allows {', '.join(instance.allowed_types(table))})")
+    restricted = restricted.restricted_to_kernels(kernels)
+    for table in restricted.tables:
+        if not any(restricted.allowed_kernels(table, kind) for kind in restricted.allowed_types(table)):
+            raise InstanceError("--compute-kernels", f"leaves table {table.name} no compute kernel for its sharding "
+                                f"types ({', '.join(restricted.allowed_types(table))})")
     return restricted
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o")
-    instance = restrict(load_instance(args.instance), args.sharding_types)
+    instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
     oracle = get_oracle(args.oracle)
     result = run_solver(args.solver, instance, oracle, Budget(args.budget), args.seed)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
@@ -246,8 +266,12 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 def _question(args: argparse.Namespace):
     """The instance of a recommend/plan (restricted as asked), once the oracle's name is checked."""
-    oracle_is_additive(args.oracle)  # an unknown name fails here, without building a costly oracle
-    return restrict(load_instance(args.instance), args.sharding_types)
+    instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
+    mismatch = incompatibility(None, oracle_is_additive(args.oracle), oracle_prices_tiers(args.oracle),
+                               instance.uses_host_memory)  # an unknown name fails here, without building an oracle
+    if mismatch:
+        raise SolverOracleMismatch(f"oracle {args.oracle!r}: {mismatch}")
+    return instance
 
 
 def _cmd_recommend(args: argparse.Namespace) -> int:
@@ -329,12 +353,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     types = result.plan.sharding_types()
     print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}; {result.wall_s:.1f} s")
     print("  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()))
+    kernels = result.plan.kernels()
+    print("  compute kernels: " + ", ".join(f"{k} {v}" for k, v in kernels.items()) + _load_factors(result.plan))
     print(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {scope}" if gap is not None
           else "  certificate: none (no member proved a bound)")
     save_plan(result.plan, instance, args.output, report={
         "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
         "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
-        "optimal_over": scope, "sharding_type_counts": types, "wall_seconds": result.wall_s,
+        "optimal_over": scope, "sharding_type_counts": types, "kernel_counts": kernels, "wall_seconds": result.wall_s,
         "sharding_types": list(instance.sharding_types),
         "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
                      "seconds": m.seconds, "reason": m.why} for m in result.members]})
@@ -428,6 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "default: devices / nodes)")
     sample.add_argument("--sharding-types", type=sharding_types, default=SHARDING_TYPES,
                         help="allowed sharding types, comma-separated, or 'all'")
+    sample.add_argument("--host-memory-bytes", type=POSITIVE, help="host memory (DDR) per device, bytes: tables may "
+                        "then live there (fused_uvm, fused_uvm_caching), and --tightness may be below 1 (default: "
+                        "none)")
     bandwidth = number(float, 1.0, 1e18, what="bytes per second")
     sample.add_argument("--intra-node-bw", type=bandwidth, default=Topology.intra_node_a2a_bw,
                         help="all-to-all bandwidth inside a node, bytes/s")
@@ -481,6 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
     solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
                        "comma-separated or 'all' (default: the instance's)")
+    solve.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
+                       "fused_uvm_caching, dense; default: the instance's)")
     solve.add_argument("-o", "--output", help="write the validated plan here (default: not written)")
     solve.set_defaults(func=_cmd_solve)
 
@@ -495,6 +526,8 @@ def build_parser() -> argparse.ArgumentParser:
         question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
         question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
                               "(default: the instance's)")
+        question.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
+                       "fused_uvm_caching, dense; default: the instance's)")
         question.add_argument("--rules", help="a rules file written by refit-recommender (default: the shipped one)")
         if name == "recommend":
             question.set_defaults(func=_cmd_recommend)

@@ -15,8 +15,8 @@ from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlan
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from instances import Instance, InstanceError
+from instances.kernels import default_kernel
 from instances.model import SHARDING_TYPES
-from interop.common import kernel
 from interop.export import ShardableModule, to_torchrec_model
 from interop.importer import from_torchrec
 
@@ -178,8 +178,8 @@ def _allowed_types(table: str, given: ParameterConstraints, supported: list[str]
     if not types:
         raise InstanceError(f"{field}.sharding_types", f"leave none of the types shardbench plans {SHARDING_TYPES} "
                             f"that its sharder supports ({supported})")
-    types = [t for t in types if kernel(t) in kernels(t)
-             and (given.compute_kernels is None or kernel(t) in given.compute_kernels)]
+    types = [t for t in types if default_kernel(t) in kernels(t)
+             and (given.compute_kernels is None or default_kernel(t) in given.compute_kernels)]
     if not types:
         raise InstanceError(f"{field}.compute_kernels", f"{given.compute_kernels} exclude the kernels shardbench models "
                             "(fused for the model-parallel types, dense for data_parallel; no UVM, caching or "

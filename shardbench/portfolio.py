@@ -7,7 +7,7 @@ import functools
 import time
 from dataclasses import dataclass, field
 
-from costmodels import get_oracle, oracle_is_additive
+from costmodels import get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance
 from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
@@ -95,8 +95,10 @@ class PortfolioResult:
 
 def optimal_over(instance: Instance) -> str:
     """What a bound of the problem as posed, and so a gap or a proven optimum, is over."""
-    return ("the enumerated options (sharding types × shard counts)" if instance.allows_splits
-            else "whole-table plans")
+    tiers = " × compute kernels × cache load factors" if instance.uses_host_memory else ""
+    if instance.allows_splits:
+        return f"the enumerated options (sharding types × shard counts{tiers})"
+    return f"whole-table plans (× compute kernels × cache load factors)" if tiers else "whole-table plans"
 
 
 def _solve(name: str, instance: Instance, oracle_name: str, budget: float, seed: int) -> SolveResult:
@@ -105,10 +107,13 @@ def _solve(name: str, instance: Instance, oracle_name: str, budget: float, seed:
 
 def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0) -> PortfolioResult:
     """Every member at once, each in its own process, killed at `kill_deadline(budget)`."""
-    additive = oracle_is_additive(oracle_name)
+    def why_not(name: str) -> str | None:
+        return incompatibility(get_solver(name), oracle_is_additive(oracle_name), oracle_prices_tiers(oracle_name),
+                               instance.uses_host_memory)
+
     names = list(dict.fromkeys([*solvers, SAFETY_NET]))
-    skipped = tuple(f"{name}: {why}" for name in names if (why := incompatibility(get_solver(name), additive)))
-    names = [name for name in names if not incompatibility(get_solver(name), additive)]
+    skipped = tuple(f"{name}: {why}" for name in names if (why := why_not(name)))
+    names = [name for name in names if not why_not(name)]
     posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
     jobs = [Job(name, functools.partial(_solve, name, instance, oracle_name, budget, seed), kill_deadline(budget))
             for name in names]

@@ -168,10 +168,15 @@ class ClaimError(AssertionError):
     cause that does not check out): a defect of that solver, turned into an error row by the runner."""
 
 
-def incompatibility(info: SolverInfo, oracle_additive: bool) -> str | None:
-    """Why the solver cannot plan under an oracle (None when it can): the one compatibility rule, asked by
-    run_solver, the portfolio, the suites and the recommender alike."""
-    if info.needs_additive and not oracle_additive:
+def incompatibility(info: SolverInfo | None, oracle_additive: bool, oracle_prices_tiers: bool = True,
+                    uses_host_memory: bool = False) -> str | None:
+    """Why the solver (or, without one, any solver) cannot plan under an oracle (None when it can): the one
+    compatibility rule, asked by run_solver, the portfolio, the suites and the recommender alike. An
+    instance whose tables may live in host memory needs an oracle that prices those kernels."""
+    if uses_host_memory and not oracle_prices_tiers:
+        return ("the oracle does not price tables kept in host memory (fused_uvm, fused_uvm_caching): use analytic "
+                "or torchrec, or keep every table in HBM (--compute-kernels fused,dense)")
+    if info is not None and info.needs_additive and not oracle_additive:
         return f"solver {info.name!r} needs an additive oracle"
     return None
 
@@ -187,9 +192,9 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     Claims that fail are downgraded (optimal → feasible, unproven infeasible → no plan) or raised."""
     info = get_solver(name)
     seed = check_seed(seed)
-    mismatch = incompatibility(info, oracle.additive)
+    mismatch = incompatibility(info, oracle.additive, oracle.prices_tiers, instance.uses_host_memory)
     if mismatch:
-        raise SolverOracleMismatch(f"{mismatch}; {oracle.name!r} is not additive")
+        raise SolverOracleMismatch(f"oracle {oracle.name!r}: {mismatch}")
     problem = Problem(instance, oracle)
     proof = memory_infeasibility(problem)
     if proof:
@@ -290,14 +295,21 @@ def memory_infeasibility(problem: Problem) -> str | None:
             tier = int(np.argmax(np.max(over, axis=0)))
             need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)
             return (f"table {table.name} needs {need} B of {tier_label(tier)} on some device in its leanest allowed "
-                    f"option, more than a device's {int(capacity[tier])} B")
+                    f"option, more than a device's {int(capacity[tier])} B" + _host_hint(instance, tier))
     for tier in (HBM, HOST):
         total = sum(int(candidates.total_storage[ids, tier].min()) for ids in candidates.by_table)
         room = int(capacity[tier]) * instance.num_devices
         if total > room:
             return (f"tables need {total} B of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
-                    f"{int(capacity[tier])} B = {room} B")
+                    f"{int(capacity[tier])} B = {room} B" + _host_hint(instance, tier))
     return None
+
+
+def _host_hint(instance: Instance, tier: int) -> str:
+    if tier != HBM or instance.topology.host_memory_bytes:
+        return ""
+    return ("; with host memory (--host-memory-bytes, or ddr_cap in a spec) tables may live there "
+            "(fused_uvm, fused_uvm_caching)")
 
 
 def whole_table_obstacle(instance: Instance) -> SolveResult | None:

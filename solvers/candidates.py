@@ -135,10 +135,24 @@ class Candidates:
 
     @cached_property
     def binding_tiers(self) -> tuple[int, ...]:
-        """The memory tiers that may bind: those whose whole-table need exceeds one device's capacity (else
-        any plan fits them, and they can be left out of models and dominance)."""
-        need, capacity = self.instance.total_storage(), self.instance.topology.capacity.as_array()
-        return tuple(int(t) for t in np.flatnonzero(need > capacity))
+        """The memory tiers that may bind: those where the most any one device could receive (each table
+        in its option that can put the most there) exceeds a device's capacity; any plan fits the others,
+        and they can be left out of models and dominance. Computed over the options that fit a device."""
+        most = np.zeros(2, dtype=np.int64)
+        for ids in self.by_table:
+            if ids.size:
+                most += np.max([self._most_on_one_device(int(o)) for o in ids], axis=0)
+        return tuple(int(t) for t in np.flatnonzero(most > self.instance.topology.capacity.as_array()))
+
+    def _most_on_one_device(self, o: int) -> np.ndarray:
+        """Per tier, the most option o can put on one device: all its pieces for a free option (they may
+        share one), its fullest device for a pinned option, its largest piece for a node option."""
+        placement = self.placement(o)
+        if placement == FREE:
+            return self.total_storage[o]
+        if placement == PINNED:
+            return self.device_profile(o, self.storage).max(axis=0)
+        return self.storage[self.members(o)].max(axis=0)
 
     def device_shares(self, storage: np.ndarray) -> np.ndarray:
         """Bytes as shares of one device, summed over the tiers it has (…× 2 → …): how much memory an

@@ -306,7 +306,7 @@ def test_every_plan_of_every_solver_tiles_every_table_and_fits_memory(instance, 
     oracle = get_oracle(oracle_name)
     for name in ALL_PLACEMENT:
         info = get_solver(name)
-        if incompatibility(info, oracle.additive):
+        if incompatibility(info, oracle.additive, oracle.prices_tiers, instance.uses_host_memory):
             continue
         result = run_solver(name, instance, oracle, QUICK, 0)
         if not result.has_plan:

@@ -1,0 +1,179 @@
+"""Memory tiers: what each kernel stores where, the options they add, plans that carry their kernels
+(schema 3) and are validated on both tiers, exact optima over the enlarged option set against brute force,
+oracles that price tiers and the ones that refuse them, and the command line end to end."""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+from conftest import examples, make_table
+from hypothesis import given
+from hypothesis import strategies as st
+from test_sharding import QUICK, brute_force_over_options
+
+from costmodels import get_oracle
+from instances import Instance, Plan, PlanError, Shard, TableSharding, Topology, Workload, load_plan, save_instance
+from instances.kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE, kernel_problem
+from instances.memory import CACHE_MAP_BYTES_PER_ROW, CACHE_STATE_BYTES_PER_SLOT, storage
+from instances.options import enumerate_options
+from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
+from shardbench.cli import main
+from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
+from solvers.base import OPTIMALITY_TOLERANCE
+
+GIB = 2**30
+
+
+def _tiered(hbm: int, host: int, types=("table_wise", "row_wise"), n: int = 3, per_node: int = 2) -> Instance:
+    tables = tuple(make_table(f"t{i}", 1000 * (i + 1), 16, 4.0 + i) for i in range(n))
+    return Instance("tiered", tables, Topology(1, per_node, hbm, host_memory_bytes=host), Workload(batch_size=64),
+                    sharding_types=types).validate()
+
+
+def test_each_kernel_stores_its_bytes_in_its_tier():
+    rows, width, dtype = 1000, 16, 2
+    weights = rows * width * dtype
+    kernels = [KERNEL_CODE[k] for k in (FUSED, FUSED_UVM, FUSED_UVM_CACHING, DENSE)]
+    got = storage([rows] * 4, [width] * 4, [dtype] * 4, "sgd", kernels, [0.0, 0.0, 0.25, 0.0])
+    cache = 250 * (width * dtype + CACHE_STATE_BYTES_PER_SLOT) + rows * CACHE_MAP_BYTES_PER_ROW
+    assert got.tolist() == [[weights, 0], [0, weights], [cache, weights], [weights, 0]]
+    # The optimizer's state stays with the table's rows, in host memory for the host kernels.
+    adam = storage([rows], [width], [dtype], "adam", [KERNEL_CODE[FUSED_UVM_CACHING]], [0.25])
+    assert adam.tolist() == [[cache, weights + rows * width * 8]]
+
+
+def test_host_kernels_are_options_only_where_devices_have_host_memory():
+    without = _tiered(GIB, 0)
+    assert {o.kernel for o in enumerate_options(without)} == {FUSED}
+    assert not without.uses_host_memory
+    with_host = _tiered(GIB, GIB, types=("table_wise", "data_parallel"))
+    options = enumerate_options(with_host)
+    assert {o.kernel for o in options if o.sharding_type == "table_wise"} == {FUSED, FUSED_UVM, FUSED_UVM_CACHING}
+    assert {o.kernel for o in options if o.sharding_type == "data_parallel"} == {DENSE}
+    cached = [o.load_factor for o in options if o.kernel == FUSED_UVM_CACHING and o.table == 0]
+    assert cached and all(0 < f < 1 for f in cached) and len(set(cached)) == len(cached)
+    assert with_host.restricted_to_kernels((FUSED, DENSE)).uses_host_memory is False
+
+
+def test_kernel_rules_name_the_problem():
+    assert kernel_problem("data_parallel", FUSED, None) and "dense" in kernel_problem("data_parallel", FUSED, None)
+    assert "(0, 1]" in kernel_problem("table_wise", FUSED_UVM_CACHING, 1.5)
+    assert "(0, 1]" in kernel_problem("table_wise", FUSED_UVM_CACHING, None)
+    assert "belongs to" in kernel_problem("row_wise", FUSED, 0.5)
+    assert kernel_problem("row_wise", FUSED_UVM_CACHING, 0.3) is None
+
+
+def _plan(instance: Instance, kernel: str, load_factor: float | None) -> Plan:
+    return Plan(instance.id, tuple(TableSharding("table_wise", (Shard(i % 2, (0, t.rows), (0, t.dim)),), kernel,
+                                                 load_factor) for i, t in enumerate(instance.tables)))
+
+
+def test_plans_carry_kernels_through_json_and_results_stores():
+    instance = _tiered(GIB, GIB)
+    plan = _plan(instance, FUSED_UVM_CACHING, 0.3).validate(instance)
+    data = plan_to_dict(plan, instance)
+    assert data["schema_version"] == 3
+    assert data["tables"][0]["compute_kernel"] == FUSED_UVM_CACHING and data["tables"][0]["cache_load_factor"] == 0.3
+    assert plan_from_dict(json.loads(json.dumps(data)), instance) == plan
+    assert expand(compact(plan, instance), instance) == plan
+    # A plan from before kernels reads as HBM, as it was priced.
+    old = {**data, "schema_version": 2, "tables": [{k: v for k, v in t.items() if k not in ("compute_kernel",
+                                                                                          "cache_load_factor")}
+                                                   for t in data["tables"]]}
+    assert all(t.compute_kernel == FUSED for t in plan_from_dict(old, instance).tables)
+
+
+def test_validation_checks_kernels_and_both_tiers():
+    instance = _tiered(GIB, GIB)
+    bad_factor = dataclasses.replace(_plan(instance, FUSED_UVM_CACHING, 0.3).tables[0], cache_load_factor=0.0)
+    with pytest.raises(PlanError, match="load factor"):
+        Plan(instance.id, (bad_factor, *_plan(instance, FUSED, None).tables[1:])).validate(instance)
+    no_host = _tiered(GIB, 0)
+    with pytest.raises(PlanError, match="no host memory"):
+        _plan(no_host, FUSED_UVM, None).validate(no_host)
+    tight = _tiered(GIB, 40_000)  # host memory too small for two tables' 32-64 KB of weights on one device
+    with pytest.raises(PlanError, match="host memory"):
+        _plan(tight, FUSED_UVM, None).validate(tight)
+
+
+@st.composite
+def tiny_tiered_instances(draw):
+    n = draw(st.integers(1, 2))
+    tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
+    need = sum(t.weight_bytes for t in tables)
+    hbm = max(1, int(need * draw(st.floats(0.2, 1.5))))
+    host = max(1, int(need * draw(st.floats(0.5, 2.0))))
+    instance = Instance("tiny-tiered", tables, Topology(1, 2, hbm, host_memory_bytes=host), Workload(batch_size=16),
+                        sharding_types=("table_wise", "row_wise"))
+    return instance.validate()
+
+
+@examples(15)
+@given(tiny_tiered_instances())
+def test_exact_optimum_over_kernels_and_load_factors_matches_brute_force(instance):
+    oracle = get_oracle("analytic")
+    optimum = brute_force_over_options(instance, oracle)
+    if optimum is None:
+        assert not run_solver("cpsat", instance, oracle, QUICK, 0).has_plan
+        return
+    candidates = Candidates.build(instance, oracle)
+    for bound in (*option_bounds(candidates).values(), lp_bound(candidates)):
+        assert bound <= optimum * (1 + 1e-6) + 1e-12
+    for name in ("cpsat", "milp-highs"):
+        result = run_solver(name, instance, oracle, QUICK, 0)
+        assert result.status == Status.OPTIMAL, (name, result.reason)
+        assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
+        assert (result.plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
+    for name in ("split-greedy", "local-search", "best-greedy"):
+        result = run_solver(name, instance, oracle, QUICK, 0)
+        if result.has_plan:
+            assert optimum <= result.objective * (1 + 1e-9)
+
+
+def test_a_model_larger_than_hbm_gets_a_plan_with_host_memory_and_a_reason_without():
+    tables = tuple(make_table(f"t{i}", 20_000, 32, 2.0 + i) for i in range(6))
+    need = sum(t.weight_bytes for t in tables)
+    topology = Topology(1, 2, need // 4)
+    without = Instance("big", tables, topology, Workload(batch_size=64)).validate()
+    result = run_solver("cpsat", without, get_oracle("analytic"), QUICK, 0)
+    assert result.status == Status.INFEASIBLE and "--host-memory-bytes" in result.reason
+    tiered = dataclasses.replace(without, topology=dataclasses.replace(topology, host_memory_bytes=need))
+    for name in ("split-greedy", "local-search", "cpsat", "milp-highs"):
+        result = run_solver(name, tiered, get_oracle("analytic"), QUICK, 0)
+        assert result.has_plan, (name, result.reason)
+        assert set(result.plan.kernels()) & {FUSED_UVM, FUSED_UVM_CACHING}
+        assert (result.plan.storage_per_device(tiered) <= tiered.topology.capacity.as_array()).all()
+
+
+def test_oracles_that_do_not_price_tiers_refuse_them_in_one_line(tmp_path, capsys):
+    instance = _tiered(GIB // 1024, GIB)
+    with pytest.raises(SolverOracleMismatch, match="host memory"):
+        run_solver("split-greedy", instance, get_oracle("lookup"), QUICK, 0)
+    save_instance(instance, tmp_path / "i.json")
+    for argv in (["solve", str(tmp_path / "i.json"), "--solver", "split-greedy", "--oracle", "lookup"],
+                 ["plan", str(tmp_path / "i.json"), "--oracle", "dim", "-o", str(tmp_path / "p.json")]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "host memory" in err[0], err
+    assert not (tmp_path / "p.json").exists()
+    # Held to HBM kernels, the same instance plans under any oracle.
+    assert main(["solve", str(tmp_path / "i.json"), "--solver", "lpt", "--oracle", "lookup",
+                 "--compute-kernels", "fused,dense"]) == 0
+
+
+def test_the_command_line_samples_plans_and_writes_kernels(tmp_path, capsys):
+    assert main(["instances", "sample", "--tables", "20", "--devices", "4", "--count", "1", "--tightness", "0.5",
+                 "--host-memory-bytes", str(64 * GIB), "-o", str(tmp_path / "set")]) == 0
+    instance_path = next((tmp_path / "set").glob("*-test-*.json"))
+    assert main(["plan", str(instance_path), "--oracle", "analytic", "--budget", "2", "--solvers", "split-greedy",
+                 "-o", str(tmp_path / "plan.json")]) == 0
+    out = capsys.readouterr().out
+    assert "compute kernels:" in out and "cache load factors" in out or "fused_uvm" in out
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert {t["compute_kernel"] for t in written["tables"]} & {FUSED_UVM, FUSED_UVM_CACHING}
+    from instances import load_instance
+
+    instance = load_instance(instance_path)
+    plan = load_plan(tmp_path / "plan.json", instance)
+    assert (plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
+    assert np.asarray(written["report"]["lower_bound"]) <= written["report"]["objective"] * (1 + 1e-9)
