@@ -8,8 +8,8 @@ Two sources, one shape (a concave piecewise-linear curve through knots (f_j, h_j
   H(k) = (p_1 + … + p_k) / Σ p. H is evaluated at every k up to EXACT_ROWS and beyond that on a geometric
   grid of row counts (ratio GRID_RATIO), summing the source's segments between grid points, so that a
   table of 10^9 rows never needs its per-row array; between knots the curve is linear (below the true
-  concave curve by < 10^-4 of its value). Intervals longer than CHUNK rows (only past ~2·10^8 rows) are
-  summed by Simpson's rule in log(row) on three point values, since a power law is smooth there. An
+  concave curve by < 10^-4 of its value). A power law's intervals longer than CHUNK rows (only past
+  ~2·10^8 rows) are summed by Simpson's rule in log(row) on three point values, as it is smooth there. An
   empirical list shorter than the table leaves the other rows at probability 0: they serve nothing.
 - **AutoShard's 17 reuse bins** only: bin b holds the share s_b of the distinct indices a reference batch
   of REFERENCE_BATCH samples touched (0,1], (1,2], (2,4], …, (32768,∞) times. With integer counts, bin b
@@ -77,8 +77,9 @@ class AccessCurve:
     def hit_rate(self, f):
         """Share of lookups a cache of the hottest fraction f of rows serves; f a number or an array."""
         f = np.asarray(f, dtype=np.float64)
-        if not np.all((f >= 0) & (f <= 1)):
-            raise InstanceError("load_factor", f"a cache fraction must lie in [0, 1], got {f}")
+        bad = ~((f >= 0) & (f <= 1))
+        if np.any(bad):
+            raise InstanceError("load_factor", f"a cache fraction must lie in [0, 1], got {f[bad].flat[0]}")
         h = np.interp(f, self.fractions, self.shares)
         return float(h) if h.ndim == 0 else h
 
@@ -118,22 +119,29 @@ def _point(source, row: int, h) -> float:
 
 
 def _interval_sum(source, start: int, stop: int, h=_identity) -> float:
-    """Σ h(p) over rows start..stop-1: row by row in CHUNK pieces when short enough, else ∫ h(p) over
-    [start − ½, stop − ½] by Simpson's rule in log(row) (h(p)·row is smooth in log(row) for the power laws
-    that are this long; rounding a node to its row moves it by < 10^-8 of itself)."""
-    if stop - start <= CHUNK:
-        return float(h(source.segment(start, stop)).sum())
+    """Σ h(p) over rows start..stop-1: row by row in CHUNK pieces when short enough or explicit, else
+    ∫ h(p) over [start − ½, stop − ½] by Simpson's rule in log(row) (h(p)·row is smooth in log(row) for the
+    power laws that are this long; rounding a node to its row moves it by < 10^-8 of itself)."""
+    if stop - start <= CHUNK or isinstance(source, EmpiricalRows):  # explicit rows need not be smooth
+        return sum(float(h(source.segment(a, min(a + CHUNK, stop))).sum()) for a in range(start, stop, CHUNK))
     a, b = start - 0.5, stop - 0.5
     nodes = (a, np.sqrt(a * b), b)
     values = [_point(source, min(stop - 1, int(round(x))), h) * x for x in nodes]
     return float(np.log(b / a) / 6 * (values[0] + 4 * values[1] + values[2]))
 
 
+def _knot_sums(source, knots: np.ndarray, h=_identity) -> np.ndarray:
+    """Σ h(p) over the first k rows, for each knot k of `_knots(source.rows)`."""
+    head = h(source.segment(0, min(source.rows, EXACT_ROWS)))
+    tail = knots[head.size + 1:]  # knots 0 … head.size are the head's rows, one by one
+    sums = [_interval_sum(source, int(a), int(b), h) for a, b in zip(knots[head.size:-1], tail)]
+    return np.concatenate([[0.0], np.cumsum(np.concatenate([head, sums]))])
+
+
 def _per_row_curve(source, rows: int) -> AccessCurve:
     """The curve of a descending per-row source holding the first `source.rows` of `rows` rows."""
     knots = _knots(source.rows)
-    sums = np.array([_interval_sum(source, int(a), int(b)) for a, b in zip(knots[:-1], knots[1:])])
-    mass = np.concatenate([[0.0], np.cumsum(sums)])
+    mass = _knot_sums(source, knots)
     if mass[-1] <= 0:
         return AccessCurve(np.array([0.0, 1.0]), np.array([0.0, 1.0]))
     fractions, shares = knots / rows, mass / mass[-1]
@@ -165,6 +173,7 @@ def _bins_curve(table: Table) -> AccessCurve:
     return AccessCurve(fractions, shares)
 
 
+@lru_cache(maxsize=256)  # shared by a table's curve and its distinct rows: a power law sums its rows once
 def _per_row_source(table: Table):
     """The table's per-row source, or None when all its rows are equally hot (every row in every sample,
     or no sample at all). An empirical list is taken as it is: the rows it leaves out have p = 0."""
@@ -201,5 +210,4 @@ def expected_distinct(table: Table, batch: int) -> float:
     def touched(p: np.ndarray) -> np.ndarray:
         return -np.expm1(batch * np.log1p(-np.minimum(p, 1.0 - 1e-16)))
 
-    knots = _knots(source.rows)
-    return float(sum(_interval_sum(source, int(a), int(b), touched) for a, b in zip(knots[:-1], knots[1:])))
+    return float(_knot_sums(source, _knots(source.rows), touched)[-1])

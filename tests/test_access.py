@@ -105,6 +105,11 @@ def test_large_power_law_on_its_grid_and_by_quadrature(monkeypatch):
     curve = access._per_row_curve(row_source(table), table.rows)
     assert np.max(np.abs(curve.hit_rate(k / 10**6) - exact[k])) < 1e-4
     _assert_curve_shape(curve)
+    values = np.random.default_rng(0).random(40_000) ** 3  # explicit rows are summed, never integrated
+    empirical = access_curve(_empirical(values))
+    exact = np.concatenate([[0.0], np.cumsum(np.sort(values)[::-1]) / values.sum()])
+    k = np.unique(np.geomspace(1, values.size, 300).astype(int))
+    assert np.max(np.abs(empirical.hit_rate(k / values.size) - exact[k])) < 1e-4
 
 
 def test_uniform_and_empty_tables_get_the_diagonal():
