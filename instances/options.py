@@ -60,12 +60,14 @@ class Option:
 
 def kernel_choices(instance: Instance, table_index: int, sharding_type: str) -> list[tuple[str, float | None]]:
     """(kernel, load factor) pairs a table may take under a sharding type: each allowed kernel, a cached one
-    at each of the table's load factors."""
+    at each of the table's load factors (the grid and the bends of its access curve)."""
+    from .access import access_curve
+
     table = instance.tables[table_index]
     choices: list[tuple[str, float | None]] = []
     for kernel in instance.allowed_kernels(table, sharding_type):
         if kernel == FUSED_UVM_CACHING:
-            choices += [(kernel, f) for f in load_factor_choices()]
+            choices += [(kernel, f) for f in load_factor_choices(access_curve(table).bends())]
         else:
             choices.append((kernel, None))
     return choices

@@ -383,7 +383,11 @@ def test_cli_solves_with_sharding_types_and_shows_the_plan(tmp_path, capsys):
     (lambda d: d["tables"][0].update(sharding_type="row_wise", shards=[
         {"device": d, "rows": r, "cols": [0, 16]} for d, r in enumerate([[0, 3], [4, 6], [6, 8], [8, 10]])]), "not TorchRec's cut"),
     (lambda d: d["tables"].pop(), "has no sharding"),
-    (lambda d: d.update(schema_version=3), "schema_version"),
+    (lambda d: d.update(schema_version=4), "schema_version"),
+    (lambda d: d["tables"][0].update(compute_kernel="dense"), "tables[0].compute_kernel: compute kernel dense cannot serve"),
+    (lambda d: d["tables"][0].update(compute_kernel="fused_uvm_caching", cache_load_factor=1.5),
+     "tables[0].cache_load_factor: cache load factor must be in (0, 1]"),
+    (lambda d: d["tables"][0].update(compute_kernel="fused_uvm"), "the devices have no host memory"),
 ])
 def test_cli_rejects_malformed_v2_plans(tmp_path, capsys, mutate, needle):
     inst = _two_nodes()

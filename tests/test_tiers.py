@@ -177,3 +177,27 @@ def test_the_command_line_samples_plans_and_writes_kernels(tmp_path, capsys):
     plan = load_plan(tmp_path / "plan.json", instance)
     assert (plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
     assert np.asarray(written["report"]["lower_bound"]) <= written["report"]["objective"] * (1 + 1e-9)
+
+
+def test_an_exported_plan_carries_kernels_and_torchrec_rates_it_as_our_oracle_does():
+    from interop.export import from_torchrec_plan, rate_with_torchrec, to_torchrec
+
+    instance = _tiered(GIB, 4 * GIB, types=("table_wise", "row_wise", "table_row_wise"), per_node=2)
+    t0, t1, t2 = instance.tables
+    plan = Plan(instance.id, (
+        TableSharding("table_wise", (Shard(1, (0, t0.rows), (0, t0.dim)),), FUSED_UVM),
+        TableSharding("row_wise", (Shard(0, (0, 1000), (0, 16)), Shard(1, (1000, 2000), (0, 16))), FUSED_UVM_CACHING,
+                      0.3),
+        TableSharding("table_row_wise", (Shard(0, (0, 1500), (0, 16)), Shard(1, (1500, 3000), (0, 16))), FUSED,
+                      None))).validate(instance)
+    sharding_plan = to_torchrec(instance, plan)
+    exported = sharding_plan.plan[""]
+    assert [exported[t.name].compute_kernel for t in instance.tables] == [FUSED_UVM, FUSED_UVM_CACHING, FUSED]
+    assert exported["t1"].cache_params.load_factor == 0.3 and exported["t0"].cache_params is None
+    assert from_torchrec_plan(instance, sharding_plan) == plan
+    ours = [c.total for c in get_oracle("torchrec").device_costs(instance, plan)]
+    assert ours == pytest.approx(rate_with_torchrec(instance, sharding_plan), rel=1e-9)
+    # TorchRec's estimator prices the host kernels apart from HBM: the same plan all in HBM costs less.
+    fused = Plan(instance.id, tuple(dataclasses.replace(t, compute_kernel=FUSED, cache_load_factor=None)
+                                    for t in plan.tables))
+    assert get_oracle("torchrec").plan_cost(instance, fused) < max(ours)
