@@ -151,6 +151,7 @@ class Table:
     buckets: BucketSpec | None = None
     sharding_types: tuple[str, ...] | None = None  # the types this table allows (None: the instance's)
     compute_kernels: tuple[str, ...] | None = None  # the kernels this table allows (None: the instance's)
+    cache_load_factor: float | None = None  # a cache size fixed by the user (None: chosen per table)
 
     @property
     def weight_bytes(self) -> int:
@@ -190,6 +191,9 @@ class Table:
             _sharding_types(self.sharding_types, f"{path}.sharding_types")
         if self.compute_kernels is not None:
             _compute_kernels(self.compute_kernels, f"{path}.compute_kernels")
+        if self.cache_load_factor is not None:
+            value = _finite(self.cache_load_factor, f"{path}.cache_load_factor", 0.0, strict=True, maximum=1.0)
+            _require(value > 0, f"{path}.cache_load_factor", "must be in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -444,7 +448,7 @@ def _take(data: Mapping[str, Any], path: str, required: Sequence[str], optional:
 def _table_from_dict(data: Any, path: str) -> Table:
     data = _expect_mapping(data, path)
     values = _take(data, path, ("name", "rows", "dim", "dtype_bytes", "pooling_factor", "reuse_bins"),
-                   ("pooled", "row_distribution", "buckets", "sharding_types", "compute_kernels"))
+                   ("pooled", "row_distribution", "buckets", "sharding_types", "compute_kernels", "cache_load_factor"))
     bins = values["reuse_bins"]
     _require(isinstance(bins, list), f"{path}.reuse_bins", "must be a list")
     values["reuse_bins"] = tuple(bins)
@@ -482,6 +486,8 @@ def _table_to_dict(table: Table) -> dict:
         out["sharding_types"] = list(table.sharding_types)
     if table.compute_kernels is not None:
         out["compute_kernels"] = list(table.compute_kernels)
+    if table.cache_load_factor is not None:
+        out["cache_load_factor"] = table.cache_load_factor
     return out
 
 

@@ -67,7 +67,9 @@ def kernel_choices(instance: Instance, table_index: int, sharding_type: str) -> 
     choices: list[tuple[str, float | None]] = []
     for kernel in instance.allowed_kernels(table, sharding_type):
         if kernel == FUSED_UVM_CACHING:
-            choices += [(kernel, f) for f in load_factor_choices(access_curve(table).bends())]
+            fixed = table.cache_load_factor
+            factors = (fixed,) if fixed is not None else load_factor_choices(access_curve(table).bends())
+            choices += [(kernel, f) for f in factors]
         else:
             choices.append((kernel, None))
     return choices

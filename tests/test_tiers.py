@@ -201,3 +201,16 @@ def test_an_exported_plan_carries_kernels_and_torchrec_rates_it_as_our_oracle_do
     fused = Plan(instance.id, tuple(dataclasses.replace(t, compute_kernel=FUSED, cache_load_factor=None)
                                     for t in plan.tables))
     assert get_oracle("torchrec").plan_cost(instance, fused) < max(ours)
+
+
+def test_a_fixed_cache_load_factor_is_the_only_one_offered():
+    instance = _tiered(GIB, GIB)
+    fixed = dataclasses.replace(instance, tables=(dataclasses.replace(instance.tables[0], cache_load_factor=0.2),
+                                                  *instance.tables[1:])).validate()
+    factors = {o.load_factor for o in enumerate_options(fixed) if o.kernel == FUSED_UVM_CACHING and o.table == 0}
+    assert factors == {0.2}
+    from instances import instance_from_dict, instance_to_dict
+
+    assert instance_from_dict(json.loads(json.dumps(instance_to_dict(fixed)))) == fixed
+    with pytest.raises(Exception, match="cache_load_factor"):
+        dataclasses.replace(fixed, tables=(dataclasses.replace(fixed.tables[0], cache_load_factor=1.5),)).validate()
