@@ -159,6 +159,8 @@ class Table:
 
     def validate(self, path: str) -> None:
         _string(self.name, f"{path}.name")
+        # TorchRec names a table's module after it and forbids dots there: such a plan could not be exported.
+        _require("." not in self.name, f"{path}.name", f"must not contain '.' (TorchRec forbids it), got {self.name!r}")
         _positive_int(self.rows, f"{path}.rows", MAX_ROWS)
         _positive_int(self.dim, f"{path}.dim", MAX_DIM)
         _require(_is_int(self.dtype_bytes) and self.dtype_bytes in DTYPE_BYTES.values(), f"{path}.dtype_bytes",

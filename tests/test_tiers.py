@@ -214,3 +214,14 @@ def test_a_fixed_cache_load_factor_is_the_only_one_offered():
     assert instance_from_dict(json.loads(json.dumps(instance_to_dict(fixed)))) == fixed
     with pytest.raises(Exception, match="cache_load_factor"):
         dataclasses.replace(fixed, tables=(dataclasses.replace(fixed.tables[0], cache_load_factor=1.5),)).validate()
+
+
+def test_a_table_name_with_a_dot_is_refused_in_one_line(tmp_path, capsys):
+    """TorchRec names modules after tables and forbids dots: such a name would only fail at export."""
+    spec = tmp_path / "spec.toml"
+    spec.write_text('world_size = 2\nhbm_cap = "1GiB"\nbatch_size = 8\n[[tables]]\nname = "user.id"\n'
+                    "num_embeddings = 100\nembedding_dim = 8\n")
+    assert main(["instances", "import-torchrec", str(spec), "-o", str(tmp_path / "i.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "tables[0].name" in err[0] and "'.'" in err[0], err
+    assert not (tmp_path / "i.json").exists()
