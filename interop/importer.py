@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
+from instances.kernels import FUSED_UVM_CACHING, KERNELS
 from instances.model import MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
 
 from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
@@ -23,10 +24,12 @@ def _data_type_bytes(data_type: Any, path: str) -> int:
 
 
 def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None, batch_size: int = 512,
-                  instance_id: str = "torchrec") -> Instance:
+                  instance_id: str = "torchrec", host_memory: int | None = None) -> Instance:
     """An instance from TorchRec's own objects: EmbeddingBagConfig / EmbeddingConfig list or an
-    EmbeddingBagCollection / EmbeddingCollection, a planner Topology (its HBM per device, or DDR on cpu),
-    ParameterConstraints per table (pooling factors, allowed sharding types) and the batch size per rank."""
+    EmbeddingBagCollection / EmbeddingCollection, a planner Topology (its HBM per device and, on cuda, its
+    DDR as host memory with `hbm_to_ddr_mem_bw` as the host link; on cpu its DDR is the device memory),
+    ParameterConstraints per table (pooling factors, allowed sharding types and compute kernels, a cache load
+    factor) and the batch size per rank. `host_memory` (bytes per device) overrides the Topology's."""
     torchrec = load_torchrec()
     if isinstance(tables, torchrec.EmbeddingBagCollection):
         configs, pooled = tables.embedding_bag_configs(), True
@@ -48,10 +51,16 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
             bad = [t for t in types if t not in SHARDING_TYPES]
             if bad:
                 raise InstanceError(f"{path}.sharding_types", f"{bad[0]!r} is not one of {SHARDING_TYPES}")
+        kernels = getattr(constraint, "compute_kernels", None)
+        if kernels is not None:
+            kernels = modelled_kernels(kernels, f"{path}.compute_kernels", config.name)
+        load_factor = cache_load_factor(getattr(constraint, "cache_params", None), kernels, f"{path}.cache_params",
+                                        config.name)
         out.append(Table(name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
                          dtype_bytes=_data_type_bytes(config.data_type, f"{path}.data_type"),
                          pooling_factor=pooling, reuse_bins=IMPORTED_BINS if pooling > 0 else (0.0,) * 17,
-                         pooled=is_pooled, sharding_types=tuple(types) if types is not None else None))
+                         pooled=is_pooled, sharding_types=tuple(types) if types is not None else None,
+                         compute_kernels=kernels, cache_load_factor=load_factor))
     world, local = topology.world_size, topology.local_world_size
     if world % local:
         raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
@@ -60,15 +69,79 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
                  for device in topology.devices)
     topo = Topology(nodes=world // local, devices_per_node=local, memory_bytes=int(memory * (1 - STORAGE_RESERVE)),
                     intra_node_a2a_bw=topology.intra_host_bw * MS, inter_node_a2a_bw=topology.inter_host_bw * MS,
-                    device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device)
+                    device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device,
+                    host_memory_bytes=host_memory_bytes(topology) if host_memory is None else host_memory,
+                    host_link_bw=topology.hbm_to_ddr_mem_bw * MS)
     return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32"),
                     provenance="imported from TorchRec").validate()
 
 
+def host_memory_bytes(topology) -> int:
+    """A TorchRec Topology's host memory per device: its smallest DDR on cuda, none on cpu (there DDR is the
+    device's own memory). TorchRec fills in 128 GiB (its DDR_CAP) where no `ddr_cap` was given, a
+    placeholder rather than the user's hosts: that value is read as no host memory, so that a model is
+    planned into host memory only when its user says how much there is."""
+    from torchrec.distributed.planner.constants import DDR_CAP
+
+    if topology.compute_device != "cuda":
+        return 0
+    ddr = min(device.storage.ddr for device in topology.devices)
+    return 0 if ddr == DDR_CAP else int(ddr)
+
+
+def modelled_kernels(kernels: Any, path: str, table: str) -> tuple[str, ...]:
+    """A table's allowed compute kernels (TorchRec's names), in our order; a kernel we do not model (TorchRec's
+    key_value and virtual-table kernels) is refused, naming the table."""
+    if isinstance(kernels, str) or not isinstance(kernels, (list, tuple)) or not kernels:
+        raise InstanceError(path, f"table {table}: must be a non-empty list of {KERNELS}, got {kernels!r}")
+    for kernel in kernels:
+        if kernel not in KERNELS:
+            raise InstanceError(path, f"table {table}: compute kernel {kernel!r} is not modelled (shardbench "
+                                f"plans {', '.join(KERNELS)})")
+    return tuple(k for k in KERNELS if k in kernels)
+
+
+# CacheParams fields besides load_factor. The runtime ones change what FBGEMM's cache does (or what
+# TorchRec's storage estimator counts) and a plan we export carries only the load factor, so they are
+# refused; `stats` is planning metadata that neither TorchRec's estimator nor the runtime reads (only its
+# offload proposer does), so it is ignored.
+UNMODELLED_CACHE_FIELDS = ("algorithm", "reserved_memory", "precision", "prefetch_pipeline",
+                           "multipass_prefetch_config")
+
+
+def cache_load_factor(cache_params: Any, kernels: tuple[str, ...] | None, path: str, table: str) -> float | None:
+    """The load factor a table's CacheParams fixes (None: none, each cached option chooses its own): a number
+    in (0, 1], for a table that may use fused_uvm_caching."""
+    if cache_params is None:
+        return None
+    for name in UNMODELLED_CACHE_FIELDS:
+        if getattr(cache_params, name, None) is not None:
+            raise InstanceError(f"{path}.{name}", f"table {table}: is not modelled (shardbench sizes a cache by its "
+                                "load factor only and exports CacheParams(load_factor)); drop it or plan with "
+                                "TorchRec's planner")
+    return load_factor_for(getattr(cache_params, "load_factor", None), kernels, f"{path}.load_factor", table)
+
+
+def load_factor_for(value: Any, kernels: tuple[str, ...] | None, path: str, table: str) -> float | None:
+    """A table's fixed cache load factor (None where not given): in (0, 1], and only where its kernels allow
+    fused_uvm_caching (the only kernel with a cache)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise InstanceError(path, f"table {table}: must be a number in (0, 1], got {value!r}")
+    if kernels is not None and FUSED_UVM_CACHING not in kernels:
+        raise InstanceError(path, f"table {table}: a cache load factor is for {FUSED_UVM_CACHING} only, which its "
+                            f"allowed kernels ({', '.join(kernels)}) leave out")
+    return float(value)
+
+
 SPEC_FIELDS = ("tables", "world_size", "hbm_cap", "batch_size")
-SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "id", "optimizer", "ddr_cap", "ssd_cap")
+SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "hbm_to_ddr_mem_bw", "id", "optimizer", "ddr_cap",
+                 "ssd_cap")
+# Bandwidths take TorchRec's names in bytes per second (TorchRec's own are per millisecond).
+SPEC_BANDWIDTHS = ("intra_host_bw", "inter_host_bw", "hbm_to_ddr_mem_bw")
 TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim")
-TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled")
+TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled", "compute_kernels", "cache_load_factor")
 # Planning this many devices is already beyond this machine; TorchRec's Topology alone takes seconds at 2^16.
 MAX_DEVICES = 2**16
 # Units of a size string: decimal (as disks are sold) and binary (as memory is); a bare number is bytes.
@@ -76,8 +149,6 @@ SIZE_UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 SIZE_UNITS_TEXT = "B, KB, MB, GB, TB: powers of 1000; KiB, MiB, GiB, TiB: powers of 1024; any case"
 MIN_CAPACITY = 2**20  # per device; less is a size given in the wrong unit (hbm_cap = 80 meant as GB)
-# Memory tiers beyond the device's own are not modelled yet: such a capacity is read, checked and refused.
-UNMODELLED_CAPACITIES = {"ddr_cap": "host memory", "ssd_cap": "SSD storage"}
 # TorchRec's (FBGEMM's) optimizer names for the state we model, besides our own names.
 OPTIMIZER_ALIASES = {"exact_sgd": "sgd", "exact_adagrad": "adagrad", "row_wise_adagrad": "rowwise_adagrad",
                      "exact_row_wise_adagrad": "rowwise_adagrad"}
@@ -155,14 +226,14 @@ def instance_from_spec(spec: Any) -> Instance:
     if world % local:
         raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
     hbm = capacity_bytes(spec["hbm_cap"], "hbm_cap")
-    for key, tier in UNMODELLED_CAPACITIES.items():
-        if key in spec:
-            capacity_bytes(spec[key], key)
-            raise InstanceError(key, f"{tier} ({key}) is not modelled yet: plans use device memory (hbm_cap) "
-                                "only; leave it out")
+    ddr = capacity_bytes(spec["ddr_cap"], "ddr_cap") if "ddr_cap" in spec else 0
+    if "ssd_cap" in spec:
+        capacity_bytes(spec["ssd_cap"], "ssd_cap")
+        raise InstanceError("ssd_cap", "SSD storage (ssd_cap) is not modelled: plans use device memory (hbm_cap) and "
+                            "host memory (ddr_cap); leave it out")
     optimizer = _optimizer(spec.get("optimizer", "sgd"))
     batch_size = _positive(spec["batch_size"], "batch_size")
-    bandwidths = {key: _positive(spec[key], key, float) / MS for key in ("intra_host_bw", "inter_host_bw") if key in spec}
+    bandwidths = {key: _positive(spec[key], key, float) / MS for key in SPEC_BANDWIDTHS if key in spec}
     instance_id = spec.get("id", "torchrec")
     if not isinstance(instance_id, str) or not instance_id:
         raise InstanceError("id", "must be a non-empty string")
@@ -170,6 +241,7 @@ def instance_from_spec(spec: Any) -> Instance:
     torchrec = load_torchrec()
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner import Topology as TorchRecTopology
+    from torchrec.distributed.types import CacheParams
 
     configs, constraints = [], {}
     data_types = {"fp32": torchrec.DataType.FP32, "fp16": torchrec.DataType.FP16, "bf16": torchrec.DataType.BF16,
@@ -195,14 +267,22 @@ def instance_from_spec(spec: Any) -> Instance:
         if types is not None and (not isinstance(types, list) or not types
                                   or any(t not in SHARDING_TYPES for t in types)):
             raise InstanceError(f"{path}.sharding_types", f"must be a non-empty list of {SHARDING_TYPES}, got {types!r}")
+        kernels = entry.get("compute_kernels")
+        if kernels is not None:
+            kernels = list(modelled_kernels(kernels, f"{path}.compute_kernels", name))
+        load_factor = load_factor_for(entry.get("cache_load_factor"), kernels and tuple(kernels),
+                                      f"{path}.cache_load_factor", name)
         pooled = entry.get("pooled", True)
         if not isinstance(pooled, bool):
             raise InstanceError(f"{path}.pooled", f"must be a boolean, got {pooled!r}")
         config_type = torchrec.EmbeddingBagConfig if pooled else torchrec.EmbeddingConfig
         configs.append(config_type(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[name],
                                    data_type=data_types[data_type]))
-        constraints[name] = ParameterConstraints(pooling_factors=[float(f) for f in factors], sharding_types=types)
+        constraints[name] = ParameterConstraints(
+            pooling_factors=[float(f) for f in factors], sharding_types=types, compute_kernels=kernels,
+            cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
     topology = TorchRecTopology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=hbm,
-                                **bandwidths)
-    instance = from_torchrec(configs, topology, constraints, batch_size, instance_id)
+                                **({"ddr_cap": ddr} if ddr else {}), **bandwidths)
+    # Host memory given, not read back from the Topology, where a ddr_cap equal to TorchRec's default reads as none.
+    instance = from_torchrec(configs, topology, constraints, batch_size, instance_id, host_memory=ddr)
     return replace(instance, workload=replace(instance.workload, optimizer=optimizer)).validate()

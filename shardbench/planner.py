@@ -11,14 +11,14 @@ from torchrec.distributed.planner.constants import BATCH_SIZE
 from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.sharding_plan import get_default_sharders
-from torchrec.distributed.types import ModuleSharder, ShardingPlan, ShardingPlanner
+from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
 from instances import Instance, InstanceError
-from instances.kernels import default_kernel
+from instances.kernels import HOST_KERNELS, KERNELS, kernels_for
 from instances.model import SHARDING_TYPES
 from interop.export import ShardableModule, to_torchrec_model
-from interop.importer import from_torchrec
+from interop.importer import cache_load_factor, from_torchrec, host_memory_bytes
 
 from .api import plan as plan_instance
 from .portfolio import PortfolioResult
@@ -49,12 +49,14 @@ class ShardbenchPlanner(ShardingPlanner):
     name with another module's, or has a ".", is renamed there after its module's path).
 
     Constraints are honoured, not ignored: `sharding_types` narrow a table's types (together with what its
-    sharder supports on the topology's compute device); `pooling_factors` set its lookups per sample.
-    shardbench models HBM only: the `fused` kernel for the model-parallel types and `dense` for
-    data_parallel, so `compute_kernels` narrow the types to those whose kernel they allow, and a table
-    whose constraints leave no modelled kernel, or that sets `cache_params`, `num_poolings` or
-    `batch_sizes` (not modelled until memory tiers land), is refused with an error naming it. A cpu
-    topology plans in its DDR, as TorchRec does.
+    sharder supports on the topology's compute device); `pooling_factors` set its lookups per sample;
+    `compute_kernels` narrow its kernels to those its sharder allows, they allow and shardbench models
+    (`fused`, `fused_uvm`, `fused_uvm_caching`, `dense`; the host-memory ones only where the Topology has
+    a `ddr_cap`, TorchRec's 128 GiB default being read as none), and its types to those left a kernel;
+    `cache_params.load_factor` fixes its cache size (else one is chosen per table). A table whose
+    constraints leave no modelled kernel, or that sets other CacheParams fields (`stats` aside, which
+    nothing at run time reads), `num_poolings` or `batch_sizes`, is refused with an error naming it. A
+    cpu topology plans in its DDR as device memory, as TorchRec does.
 
     Known limit: a table serving several features is planned with their lookups summed into one pooling
     factor; TorchRec's estimator also sends one pooled output per feature, so for such tables its rating
@@ -85,7 +87,11 @@ class ShardbenchPlanner(ShardingPlanner):
         self.result = plan_instance(instance, oracle=self._oracle, budget=self._budget, solvers=self._solvers,
                                     seed=self._seed)
         if self.result.plan is None:
-            raise PlannerError(f"shardbench found no plan within {self._budget} s: {_why(self.result)}")
+            reason = _why(self.result)
+            if "ddr_cap" in reason and self._topology.compute_device == "cuda":  # the hint for host memory fired
+                reason += ("; on a Topology, host memory is its ddr_cap per rank (TorchRec's 128 GiB default reads "
+                           "as none)")
+            raise PlannerError(f"shardbench found no plan within {self._budget} s: {reason}")
         modules = [ShardableModule(f.path, f.module, f.sharder,
                                    tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
         return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)
@@ -110,16 +116,25 @@ class ShardbenchPlanner(ShardingPlanner):
 
         configs, constraints = [], {}
         device = self._topology.compute_device
+        host = host_memory_bytes(self._topology) > 0
         for f in found:
             supported = f.sharder.sharding_types(device)
             for config in f.configs:
                 name = names[f.path, config.name]
                 configs.append(dataclasses.replace(config, name=name))
                 given = self._constraints.get(config.name) or ParameterConstraints()
-                types = _allowed_types(config.name, given, supported,
-                                       lambda kind, s=f.sharder: s.compute_kernels(kind, device))
-                constraints[name] = ParameterConstraints(sharding_types=list(types),
-                                                         pooling_factors=list(given.pooling_factors))
+                kernels = _allowed_kernels(config.name, given, supported, host,
+                                           lambda kind, s=f.sharder: s.compute_kernels(kind, device))
+                allowed = tuple(k for k in KERNELS if any(k in ks for ks in kernels.values()))
+                field = f"constraints[{config.name!r}].cache_params"
+                if not host and getattr(given.cache_params, "load_factor", None) is not None:
+                    raise InstanceError(f"{field}.load_factor", f"table {config.name}: a cache lives in front of host "
+                                        "memory, which this Topology has none of: give it a ddr_cap")
+                load_factor = cache_load_factor(given.cache_params, allowed, field, config.name)
+                constraints[name] = ParameterConstraints(
+                    sharding_types=list(kernels), pooling_factors=list(given.pooling_factors),
+                    compute_kernels=list(allowed),
+                    cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
         return from_torchrec(configs, self._topology, constraints, self._batch_size, instance_id="torchrec-model")
 
 
@@ -166,25 +181,30 @@ def _instance_names(found: list[_Found]) -> dict[tuple[str, str], str]:
     return names
 
 
-def _allowed_types(table: str, given: ParameterConstraints, supported: list[str], kernels) -> tuple[str, ...]:
-    """The sharding types shardbench may choose for a table: its constrained types its sharder supports,
-    whose modelled kernel the constraints and the sharder allow. Anything it cannot honour is refused."""
+def _allowed_kernels(table: str, given: ParameterConstraints, supported: list[str], host: bool,
+                     kernels) -> dict[str, tuple[str, ...]]:
+    """The kernels shardbench may choose for a table, by sharding type: of its constrained types that its
+    sharder supports, the kernels the sharder allows, the constraints allow and shardbench models (the
+    host-memory ones only where the Topology has host memory); types left with none are dropped. Anything
+    it cannot honour is refused."""
     field = f"constraints[{table!r}]"
-    for unmodelled in ("cache_params", "num_poolings", "batch_sizes"):
+    for unmodelled in ("num_poolings", "batch_sizes"):
         if getattr(given, unmodelled, None) is not None:
-            raise InstanceError(f"{field}.{unmodelled}", "is not modelled yet (shardbench plans HBM tables with the "
-                                "fused kernel, or dense for data_parallel); drop it or plan with TorchRec's planner")
+            raise InstanceError(f"{field}.{unmodelled}", "is not modelled (shardbench plans one pooling factor per "
+                                "table at the planner's batch size); drop it or plan with TorchRec's planner")
     types = [t for t in SHARDING_TYPES if t in supported and (given.sharding_types is None or t in given.sharding_types)]
     if not types:
         raise InstanceError(f"{field}.sharding_types", f"leave none of the types shardbench plans {SHARDING_TYPES} "
                             f"that its sharder supports ({supported})")
-    types = [t for t in types if default_kernel(t) in kernels(t)
-             and (given.compute_kernels is None or default_kernel(t) in given.compute_kernels)]
-    if not types:
-        raise InstanceError(f"{field}.compute_kernels", f"{given.compute_kernels} exclude the kernels shardbench models "
-                            "(fused for the model-parallel types, dense for data_parallel; no UVM, caching or "
-                            "key-value kernels until memory tiers land)")
-    return tuple(types)
+    allowed = {t: tuple(k for k in kernels_for(t) if k in kernels(t)
+                        and (given.compute_kernels is None or k in given.compute_kernels)
+                        and (host or k not in HOST_KERNELS)) for t in types}
+    allowed = {t: ks for t, ks in allowed.items() if ks}
+    if not allowed:
+        raise InstanceError(f"{field}.compute_kernels", f"{given.compute_kernels} leave none of the kernels shardbench "
+                            f"models ({', '.join(KERNELS)}) that the sharder allows for the types {types}"
+                            + ("" if host else "; fused_uvm and fused_uvm_caching need the Topology's ddr_cap"))
+    return allowed
 
 
 def _why(result: PortfolioResult) -> str:

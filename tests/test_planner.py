@@ -24,10 +24,10 @@ def _sharders():
     return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
-def _gpu_topology(world=4, local=2):
+def _gpu_topology(world=4, local=2, hbm_cap=2 * 2**30, **host):
     from torchrec.distributed.planner import Topology
 
-    return Topology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=2 * 2**30)
+    return Topology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=hbm_cap, **host)
 
 
 def test_a_dlrm_plan_runs_forward_and_backward_under_dmp_on_two_gloo_processes(tmp_path):
@@ -128,12 +128,50 @@ def test_constraints_are_honoured_or_refused_by_table_name():
     for bad, field in [(ParameterConstraints(compute_kernels=["fused_uvm_caching", "key_value"]), "compute_kernels"),
                        (ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"]), "compute_kernels"),
                        (ParameterConstraints(sharding_types=["grid_shard"]), "sharding_types"),
-                       (ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), "cache_params")]:
+                       (ParameterConstraints(compute_kernels=["fused_uvm"]), "compute_kernels"),  # no ddr_cap
+                       (ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), "cache_params.load_factor")]:
         planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256, constraints={"t4": bad}, budget=2.0)
         with pytest.raises(InstanceError) as error:
             planner.plan(model, sharders)
         assert str(error.value).startswith(f"constraints['t4'].{field}:") and "\n" not in str(error.value)
         assert planner.result is None  # refused before planning
+
+
+def test_a_model_larger_than_hbm_plans_with_host_kernels_given_ddr_cap_and_rates_so_in_torchrec():
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.types import PlannerError
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+
+    model, sharders, batch = _dlrm_six_tables(), _sharders(), 1024
+    need = sum(c.num_embeddings * c.embedding_dim * 4 for c in model.sparse_arch.embedding_bag_collection.embedding_bag_configs())
+    # 4 devices of 240 MiB less TorchRec's reserve hold each table row-wise, not all of them, even with t4 cached.
+    hbm_cap = 240 * 2**20
+    assert 4 * hbm_cap < need
+    constraints = {f"t{i}": ParameterConstraints(pooling_factors=[p]) for i, p in enumerate([10, 1, 30, 2, 5, 1])}
+    constraints["t4"] = ParameterConstraints(pooling_factors=[5], compute_kernels=["fused_uvm_caching", "key_value"],
+                                             cache_params=CacheParams(load_factor=0.3))
+    topology = _gpu_topology(hbm_cap=hbm_cap, ddr_cap=4 * 2**30)
+    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=3.0)
+    module_plan = planner.plan(model, sharders).plan[EBC_PATH]
+    kernels = {name: sharding.compute_kernel for name, sharding in module_plan.items()}
+    assert {kernels[n] for n in kernels if n != "t4"} & {"fused_uvm", "fused_uvm_caching"}, kernels
+    # t4's constraints: the one kernel shardbench models of the two allowed, at the load factor they fix.
+    assert kernels["t4"] == "fused_uvm_caching" and module_plan["t4"].cache_params.load_factor == 0.3
+    cached = [s.cache_params.load_factor for s in module_plan.values() if s.compute_kernel == "fused_uvm_caching"]
+    assert all(0 < f <= 1 for f in cached)
+    assert planner.instance.topology.host_memory_bytes == 4 * 2**30
+    ours = torchrec_rating(model, sharders, planner.plan(model, sharders), topology, batch, constraints)
+    assert max(ours) == pytest.approx(planner.result.objective, rel=1e-9)  # TorchRec rates it as our oracle did
+    # Without ddr_cap (TorchRec's default DDR reads as none), the reason and where host memory goes.
+    bare = shardbench.ShardbenchPlanner(_gpu_topology(hbm_cap=hbm_cap), batch_size=batch, budget=3.0)
+    with pytest.raises(PlannerError) as error:
+        bare.plan(model, sharders)
+    message = str(error.value)
+    assert "B of HBM" in message and "tables need" in message and "ddr_cap" in message and "\n" not in message, message
+    # CacheParams fields shardbench does not model are refused, naming the table.
+    lfu = {"t1": ParameterConstraints(cache_params=CacheParams(load_factor=0.2, algorithm=CacheAlgorithm.LFU))}
+    with pytest.raises(InstanceError, match=r"^constraints\['t1'\]\.cache_params\.algorithm: table t1: is not modelled"):
+        shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=lfu, budget=3.0).plan(model, sharders)
 
 
 def test_a_model_that_cannot_fit_raises_torchrecs_planner_error_with_the_reason():

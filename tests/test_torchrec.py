@@ -97,8 +97,22 @@ def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
                            (lambda s: s.update(hbm_cap="0.5KB"), "hbm_cap: 500 B per device"),
                            (lambda s: s.update(hbm_cap="1.0001B"), "hbm_cap: must be a whole number of bytes"),
                            (lambda s: s.update(hbm_cap=True), "hbm_cap: must be a number of bytes"),
-                           (lambda s: s.update(ddr_cap="1TB"), "ddr_cap: host memory (ddr_cap) is not modelled yet"),
                            (lambda s: s.update(ddr_cap="1TiBs"), "ddr_cap: must be a number of bytes"),
+                           (lambda s: s.update(ddr_cap=64), "ddr_cap: 64 B per device is less than 1 MiB"),
+                           (lambda s: s.update(ddr_cap=-1), "ddr_cap: must be between 1 B and"),
+                           (lambda s: s.update(hbm_to_ddr_mem_bw=0), "hbm_to_ddr_mem_bw: must be a positive number"),
+                           (lambda s: s["tables"][0].update(compute_kernels=["key_value"]),
+                            "tables[0].compute_kernels: table user: compute kernel 'key_value' is not modelled"),
+                           (lambda s: s["tables"][0].update(compute_kernels="fused"), "tables[0].compute_kernels"),
+                           (lambda s: s["tables"][0].update(compute_kernels=["fused_uvm"]),
+                            "tables[0].compute_kernels: table user has no compute kernel"),
+                           (lambda s: s["tables"][2].update(cache_load_factor=0), "tables[2].cache_load_factor: table "
+                                                                                  "ctx: must be a number in (0, 1]"),
+                           (lambda s: s["tables"][2].update(cache_load_factor=float("nan")),
+                            "tables[2].cache_load_factor"),
+                           (lambda s: s["tables"][2].update(cache_load_factor=0.2, compute_kernels=["fused"]),
+                            "tables[2].cache_load_factor: table ctx: a cache load factor is for fused_uvm_caching "
+                            "only"),
                            (lambda s: s.update(ssd_cap=12), "ssd_cap: 12 B per device is less than 1 MiB"),
                            (lambda s: s.update(optimizer="lamb"), "optimizer: must be one of"),
                            (lambda s: s.update(world_size=10**7), "world_size: 10000000 devices is more than"),
@@ -131,6 +145,66 @@ def test_the_spec_sets_the_optimizer_and_its_memory_and_takes_sizes_with_units()
     assert adam.workload.optimizer == "adam" and adam.topology == plain.topology
     assert all(a > p for a, p in zip(adam.table_storage()[:, 0], plain.table_storage()[:, 0]))
     assert instance_from_spec({**SPEC, "optimizer": "exact_row_wise_adagrad"}).workload.optimizer == "rowwise_adagrad"
+
+
+def test_the_spec_gives_host_memory_kernels_and_a_cache_load_factor():
+    from interop.importer import instance_from_spec
+
+    tiered = {**SPEC, "ddr_cap": "128GiB", "hbm_to_ddr_mem_bw": 16e9,
+              "tables": [{**SPEC["tables"][0], "compute_kernels": ["fused_uvm_caching", "fused"],
+                          "cache_load_factor": 0.25}, *SPEC["tables"][1:]]}
+    instance = instance_from_spec(tiered)
+    # TorchRec's default DDR is 128 GiB: a spec that names it still has it.
+    assert instance.topology.host_memory_bytes == 128 * 2**30 and instance.topology.host_link_bw == 16e9
+    user, item, _ = instance.tables
+    assert (user.compute_kernels, user.cache_load_factor) == (("fused", "fused_uvm_caching"), 0.25)
+    assert (item.compute_kernels, item.cache_load_factor) == (None, None)
+    assert instance.uses_host_memory
+    plain = instance_from_spec(SPEC)
+    assert plain.topology.host_memory_bytes == 0 and not plain.uses_host_memory
+    assert plain.topology.memory_bytes == instance.topology.memory_bytes  # TorchRec reserves HBM only
+
+
+def test_import_reads_host_memory_kernels_and_cache_params_from_torchrec_objects():
+    from torchrec import EmbeddingBagConfig
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner import Topology as TorchRecTopology
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
+
+    from instances import InstanceError
+
+    configs = [EmbeddingBagConfig(name=n, embedding_dim=16, num_embeddings=100, feature_names=[n]) for n in "ab"]
+    topology = TorchRecTopology(world_size=2, compute_device="cuda", hbm_cap=2**30, ddr_cap=3 * 2**30,
+                                hbm_to_ddr_mem_bw=8e6)
+    constraints = {"a": ParameterConstraints(compute_kernels=["fused_uvm_caching"],
+                                             cache_params=CacheParams(load_factor=0.1, stats=object())),
+                   "b": ParameterConstraints(compute_kernels=["fused", "dense", "fused_uvm"])}
+    instance = from_torchrec(configs, topology, constraints)
+    assert (instance.topology.host_memory_bytes, instance.topology.host_link_bw) == (3 * 2**30, 8e9)
+    a, b = instance.tables
+    assert (a.compute_kernels, a.cache_load_factor) == (("fused_uvm_caching",), 0.1)
+    assert (b.compute_kernels, b.cache_load_factor) == (("fused", "fused_uvm", "dense"), None)
+    # TorchRec's default DDR (no ddr_cap given) is a placeholder: no host memory. On cpu DDR is device memory.
+    default = TorchRecTopology(world_size=2, compute_device="cuda", hbm_cap=2**30)
+    assert from_torchrec(configs, default).topology.host_memory_bytes == 0
+    cpu = TorchRecTopology(world_size=2, compute_device="cpu", ddr_cap=2**30)
+    assert from_torchrec(configs, cpu).topology.host_memory_bytes == 0
+    for constraint, needle in [
+            (ParameterConstraints(compute_kernels=["fused", "key_value"]),
+             "tables[0].compute_kernels: table a: compute kernel 'key_value' is not modelled"),
+            (ParameterConstraints(cache_params=CacheParams(load_factor=1.5)),
+             "tables[0].cache_params.load_factor: table a: must be a number in (0, 1]"),
+            (ParameterConstraints(compute_kernels=["fused"], cache_params=CacheParams(load_factor=0.5)),
+             "tables[0].cache_params.load_factor: table a: a cache load factor is for fused_uvm_caching only"),
+            (ParameterConstraints(cache_params=CacheParams(load_factor=0.5, algorithm=CacheAlgorithm.LFU)),
+             "tables[0].cache_params.algorithm: table a: is not modelled"),
+            (ParameterConstraints(cache_params=CacheParams(prefetch_pipeline=True)),
+             "tables[0].cache_params.prefetch_pipeline: table a: is not modelled"),
+            (ParameterConstraints(compute_kernels=["fused_uvm"]), "tables[0].compute_kernels: table a has no compute "
+                                                                  "kernel")]:
+        with pytest.raises(InstanceError) as error:
+            from_torchrec(configs, default if "no compute" in needle else topology, {"a": constraint})
+        assert str(error.value).startswith(needle) and "\n" not in str(error.value), str(error.value)
 
 
 def _plans(instance):
