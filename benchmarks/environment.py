@@ -7,7 +7,8 @@ import functools
 import importlib.metadata
 import os
 import platform
-from pathlib import Path
+
+from costmodels.measured import cpu_model
 
 # Each library under the distribution names it may be installed as (fbgemm_gpu ships a CPU-only build
 # under its own name).
@@ -30,17 +31,6 @@ def library_version(names: tuple[str, ...]) -> str | None:
         except importlib.metadata.PackageNotFoundError:
             continue
     return None
-
-
-def cpu_model() -> str:
-    """The CPU's model name (Linux reports it in /proc/cpuinfo; elsewhere the platform's processor)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def environment() -> dict:

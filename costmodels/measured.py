@@ -90,11 +90,12 @@ def environment() -> tuple[str, dict]:
     if torch.cuda.is_available():
         device = f"cuda:{torch.cuda.get_device_name(0)}"
     else:
-        device = f"cpu:{_cpu_model()}"
+        device = f"cpu:{cpu_model()}"
     return device, {"torch": torch.__version__, "fbgemm_gpu": fbgemm_gpu.__version__, "protocol": MEASURE_VERSION}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU's model name (Linux reports it in /proc/cpuinfo; elsewhere the machine type)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -212,6 +212,24 @@ def _fields(data: Any, path: str, required, optional) -> dict:
     return dict(data)
 
 
+def parse_spec(text: str, where: str, toml: bool) -> Any:
+    """A spec's document from its text (TOML, or JSON); `where` names it in the one-line error."""
+    import json
+    import tomllib
+
+    try:
+        return tomllib.loads(text) if toml else json.loads(text)
+    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
+        raise InstanceError(where, f"not valid {'TOML' if toml else 'JSON'} ({exc})") from exc
+
+
+def load_spec(path: str) -> Any:
+    """A spec file's document: TOML when its name ends in .toml, JSON otherwise."""
+    from instances.io import read_text
+
+    return parse_spec(read_text(path, "spec"), str(path), str(path).endswith(".toml"))
+
+
 def instance_from_spec(spec: Any) -> Instance:
     """An instance from a small spec in TorchRec's field names (see README), through TorchRec's objects.
     The cluster's sizes are checked before any TorchRec object is built (its Topology holds one object per

@@ -66,29 +66,19 @@ SEED = number(int, 0, MAX_SEED, what="seed")
 POSITIVE = number(int, 1, what="count")
 
 
-def sharding_types(text: str) -> tuple[str, ...]:
-    """A comma-separated list of sharding types, or `all`."""
-    if text.strip() == "all":
-        return SHARDING_TYPES
-    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kinds if k not in SHARDING_TYPES]
-    if not kinds or bad or len(set(kinds)) != len(kinds):
-        raise argparse.ArgumentTypeError(f"must be 'all' or distinct names from {', '.join(SHARDING_TYPES)}, got {text!r}")
-    return kinds
+def name_list(names: tuple[str, ...], what: str):
+    """An argparse type: a comma-separated list of distinct names from `names`, or `all`."""
+    def parse(text: str) -> tuple[str, ...]:
+        if text.strip() == "all":
+            return names
+        chosen = tuple(k.strip() for k in text.split(",") if k.strip())
+        bad = [k for k in chosen if k not in names]
+        if not chosen or bad or len(set(chosen)) != len(chosen):
+            raise argparse.ArgumentTypeError(f"must be 'all' or distinct names from {', '.join(names)}, got {text!r}")
+        return chosen
+    parse.__name__ = what  # argparse names the type in its messages
+    return parse
 
 
-sharding_types.__name__ = "sharding types"
-
-
-def compute_kernels(text: str) -> tuple[str, ...]:
-    """A comma-separated list of compute kernels, or `all`."""
-    if text.strip() == "all":
-        return KERNELS
-    kernels = tuple(k.strip() for k in text.split(",") if k.strip())
-    bad = [k for k in kernels if k not in KERNELS]
-    if not kernels or bad or len(set(kernels)) != len(kernels):
-        raise argparse.ArgumentTypeError(f"must be 'all' or distinct names from {', '.join(KERNELS)}, got {text!r}")
-    return kernels
-
-
-compute_kernels.__name__ = "compute kernels"
+sharding_types = name_list(SHARDING_TYPES, "sharding types")
+compute_kernels = name_list(KERNELS, "compute kernels")

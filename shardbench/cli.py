@@ -3,7 +3,6 @@ solvers and oracles. Errors print one line naming the problem and exit non-zero,
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 from pathlib import Path
@@ -111,18 +110,10 @@ def _cmd_import_raw(args: argparse.Namespace) -> int:
 
 
 def _cmd_import_torchrec(args: argparse.Namespace) -> int:
-    import tomllib
-
-    from instances.io import read_text
-    from interop.importer import instance_from_spec
+    from interop.importer import instance_from_spec, load_spec
 
     check_output_path(args.output, "-o")
-    text = read_text(args.spec, "spec")
-    try:
-        spec = tomllib.loads(text) if str(args.spec).endswith(".toml") else json.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
-        raise InstanceError(args.spec, f"not valid {'TOML' if str(args.spec).endswith('.toml') else 'JSON'} ({exc})") from exc
-    instance = instance_from_spec(spec)
+    instance = instance_from_spec(load_spec(args.spec))
     save_instance(instance, args.output)
     print(f"wrote {instance.id}: {instance.num_tables} tables on {instance.topology.nodes} node(s) × "
           f"{instance.topology.devices_per_node} devices to {args.output}")

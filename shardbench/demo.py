@@ -4,14 +4,12 @@ certificate, and write our plan and its TorchRec ShardingPlan to a folder."""
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
 import sys
 import tempfile
 import time
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -46,17 +44,14 @@ class PeerRun:
 def read_model(path: str | None) -> tuple[Instance, str]:
     """The instance to plan and where it came from: a spec in TorchRec's field names (TOML, or JSON) or an
     instance JSON; without a path, the shipped example."""
-    from interop.importer import instance_from_spec
+    from interop.importer import instance_from_spec, parse_spec
 
     if path is None:
         text, toml = resources.files("shardbench").joinpath(EXAMPLE).read_text(), True
         where = f"the shipped example (shardbench/{EXAMPLE})"
     else:
         text, where, toml = read_text(path, "model"), path, str(path).endswith(".toml")
-    try:
-        data = tomllib.loads(text) if toml else json.loads(text)
-    except (tomllib.TOMLDecodeError, ValueError, RecursionError) as exc:
-        raise InstanceError(where, f"not valid {'TOML' if toml else 'JSON'} ({exc})") from exc
+    data = parse_spec(text, where, toml)
     if isinstance(data, dict) and "schema_version" in data:  # an instance file, as `instances` commands write
         try:
             return instance_from_dict(data), where
