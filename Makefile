@@ -4,11 +4,13 @@
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: plan bench test test-deep reliability
+.PHONY: setup plan bench test test-deep reliability
 
 $(STAMP): pyproject.toml constraints.txt setup.sh
 	bash setup.sh
 	touch $(STAMP)
+
+setup: $(STAMP)
 
 plan: $(STAMP)
 	$(VENV)/bin/shardbench demo

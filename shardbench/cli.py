@@ -113,7 +113,10 @@ def _cmd_import_torchrec(args: argparse.Namespace) -> int:
     from interop.importer import instance_from_spec, load_spec
 
     check_output_path(args.output, "-o")
-    instance = instance_from_spec(load_spec(args.spec))
+    spec = load_spec(args.spec)
+    if isinstance(spec, dict) and "id" not in spec:  # the model's name, as the user named the file
+        spec = {**spec, "id": Path(args.spec).stem}
+    instance = instance_from_spec(spec)
     save_instance(instance, args.output)
     print(f"wrote {instance.id}: {instance.num_tables} tables on {instance.topology.nodes} node(s) × "
           f"{instance.topology.devices_per_node} devices to {args.output}")
