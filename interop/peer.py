@@ -1,17 +1,27 @@
-"""TorchRec's planner as a peer solver (`torchrec-planner`): its EmbeddingShardingPlanner plans with its
-own estimator and storage model, and its plan is read back as ours."""
+"""TorchRec's planner as peer solvers: `torchrec-planner` (its EmbeddingShardingPlanner with its default
+proposers, kernels and load factor) and `torchrec-offload` (its EmbeddingOffloadScaleupProposer sizing each
+table's cache from our access curves as CacheStatistics). Each plans with TorchRec's own estimator and
+storage model, and its plan is read back as ours."""
 from __future__ import annotations
 
-from instances import Instance, Plan
+import time
 
+from instances import Instance, Plan
+from instances.kernels import FUSED_UVM_CACHING
+
+from .cache_stats import cache_statistics
 from .common import STORAGE_RESERVE, load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
 from .export import from_torchrec_plan
 
+# The offload proposer's starting cache, the smallest of our load-factor grid: it only ever grows caches
+# from there, and a start that does not fit leaves it no plan at all.
+OFFLOAD_START_LOAD_FACTOR = 0.05
 
-def plan_with_torchrec(instance: Instance) -> tuple[Plan, list[float]]:
-    """TorchRec's EmbeddingShardingPlanner with its default proposers, on the instance's tables, topology,
-    batch and allowed types (HBM kernels only; the reserve as the instance's memory says): our plan of its
-    best plan, and its own per-rank totals (Σ shard perf.total)."""
+
+def plan_with_torchrec(instance: Instance, constraints: dict | None = None, proposer=None) -> tuple[Plan, list[float]]:
+    """TorchRec's EmbeddingShardingPlanner on the instance's tables, topology (HBM and host memory), batch
+    and allowed types and kernels (the reserve as the instance's memory says), with its default proposers
+    or the one given: our plan of its best plan, and its own per-rank totals (Σ shard perf.total)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import (
         FixedPercentageStorageReservation,
@@ -20,7 +30,7 @@ def plan_with_torchrec(instance: Instance) -> tuple[Plan, list[float]]:
     load_torchrec()
     module = torchrec_module(instance)
     planner = EmbeddingShardingPlanner(topology=torchrec_topology(instance), batch_size=instance.workload.batch_size,
-                                       constraints=torchrec_constraints(instance),
+                                       constraints=constraints or torchrec_constraints(instance), proposer=proposer,
                                        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVE),
                                        debug=False)
     sharding_plan = planner.plan(module, [torchrec_sharder(module)])
@@ -31,22 +41,52 @@ def plan_with_torchrec(instance: Instance) -> tuple[Plan, list[float]]:
     return from_torchrec_plan(instance, sharding_plan), totals
 
 
-def planner_solver(problem, budget, seed):
-    """The `torchrec-planner` peer: TorchRec plans with its own estimator, whatever oracle guides the
-    others; its planning time and its own rating of the plan are kept in the stats."""
-    import time
+def offload_constraints(instance: Instance) -> dict:
+    """The offload proposer's inputs: every table that may live in host memory cached (LRU, starting at
+    OFFLOAD_START_LOAD_FACTOR unless the table fixes its own) with our curve as its CacheStatistics; the
+    others as torchrec_constraints has them."""
+    from torchrec.distributed.types import CacheAlgorithm, CacheParams
 
-    from torchrec.distributed.planner.types import PlannerError
+    constraints = torchrec_constraints(instance)
+    for table in instance.tables:
+        kept = constraints[table.name]
+        if FUSED_UVM_CACHING not in kept.compute_kernels:
+            continue
+        kept.sharding_types = [t for t in kept.sharding_types if t != "data_parallel"]
+        kept.compute_kernels = [FUSED_UVM_CACHING]
+        kept.cache_params = CacheParams(algorithm=CacheAlgorithm.LRU,
+                                        load_factor=table.cache_load_factor or OFFLOAD_START_LOAD_FACTOR,
+                                        stats=cache_statistics(instance, table))
+    return constraints
 
-    from solvers.base import Cause, NoPlan, SolveResult, Status
 
-    started = time.monotonic()
-    try:
-        plan, totals = plan_with_torchrec(problem.instance)
-    except PlannerError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        return SolveResult(Status.NO_PLAN, reason=f"TorchRec's planner found no plan under its own model: {first}",
-                           no_plan=NoPlan(Cause.PEER_MODEL),
-                           stats={"planning_seconds": time.monotonic() - started})
-    return SolveResult(Status.FEASIBLE, plan=plan, stats={"planning_seconds": time.monotonic() - started,
-                                                          "torchrec_rating": max(totals)})
+def offload_plan(instance: Instance) -> tuple[Plan, list[float]]:
+    from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
+
+    load_torchrec()
+    return plan_with_torchrec(instance, offload_constraints(instance), EmbeddingOffloadScaleupProposer())
+
+
+def _peer(planning):
+    """A peer solver from a planning function: TorchRec plans with its own estimator, whatever oracle guides
+    the others; its planning time and its own rating of the plan are kept in the stats."""
+    def solve(problem, budget, seed):
+        from torchrec.distributed.planner.types import PlannerError
+
+        from solvers.base import Cause, NoPlan, SolveResult, Status
+
+        started = time.monotonic()
+        try:
+            plan, totals = planning(problem.instance)
+        except PlannerError as error:
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            return SolveResult(Status.NO_PLAN, reason=f"TorchRec's planner found no plan under its own model: {first}",
+                               no_plan=NoPlan(Cause.PEER_MODEL),
+                               stats={"planning_seconds": time.monotonic() - started})
+        return SolveResult(Status.FEASIBLE, plan=plan, stats={"planning_seconds": time.monotonic() - started,
+                                                              "torchrec_rating": max(totals)})
+    return solve
+
+
+planner_solver = _peer(plan_with_torchrec)
+offload_solver = _peer(offload_plan)
