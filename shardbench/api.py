@@ -21,13 +21,20 @@ def choose_portfolio(instance: Instance, oracle: str, budget: float, rules: str 
     return loaded.portfolio(workload_features(instance, oracle, budget))
 
 
+def check_oracle(instance: Instance, oracle: str) -> None:
+    """Raises SolverOracleMismatch when no solver can plan the instance under this oracle (it does not price
+    tables kept in host memory), and UnknownOracleError for an unknown name — without building a costly
+    oracle."""
+    mismatch = incompatibility(None, oracle_is_additive(oracle), oracle_prices_tiers(oracle), instance.uses_host_memory)
+    if mismatch:
+        raise SolverOracleMismatch(f"oracle {oracle!r}: {mismatch}")
+
+
 def plan(instance: Instance, oracle: str = "analytic", budget: float = 10.0, solvers: list[str] | None = None,
          seed: int = 0, rules: str | Path | None = None) -> PortfolioResult:
     """The best validated plan any member of the portfolio finds within `budget` seconds, with the best
     bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too)."""
-    mismatch = incompatibility(None, oracle_is_additive(oracle), oracle_prices_tiers(oracle), instance.uses_host_memory)
-    if mismatch:  # an unknown oracle fails above, without building a costly one
-        raise SolverOracleMismatch(f"oracle {oracle!r}: {mismatch}")
+    check_oracle(instance, oracle)
     if solvers is not None:
         for name in solvers:
             get_solver(name)

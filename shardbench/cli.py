@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from costmodels import UnknownOracleError, get_oracle, oracle_is_additive, oracle_names, oracle_prices_tiers
+from costmodels import UnknownOracleError, get_oracle, oracle_names
 from instances import (
     Instance,
     InstanceError,
@@ -37,7 +37,7 @@ from solvers import (
     run_solver,
     solver_names,
 )
-from solvers.base import incompatibility, memory_infeasibility
+from solvers.base import memory_infeasibility
 from solvers.bounds import gap_to_bound
 
 from .args import (
@@ -260,11 +260,10 @@ def _cmd_solve(args: argparse.Namespace) -> int:
 
 def _question(args: argparse.Namespace):
     """The instance of a recommend/plan (restricted as asked), once the oracle's name is checked."""
+    from .api import check_oracle
+
     instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
-    mismatch = incompatibility(None, oracle_is_additive(args.oracle), oracle_prices_tiers(args.oracle),
-                               instance.uses_host_memory)  # an unknown name fails here, without building an oracle
-    if mismatch:
-        raise SolverOracleMismatch(f"oracle {args.oracle!r}: {mismatch}")
+    check_oracle(instance, args.oracle)
     return instance
 
 
