@@ -18,12 +18,12 @@ from typing import Sequence
 import numpy as np
 
 from instances import Instance, Table
+from instances.access import REFERENCE_BATCH, bin_count_ranges
 from instances.pieces import Pieces
 
 from .analytic import AnalyticOracle
 from .base import DeviceCost, Oracle, Priced
 
-REFERENCE_BATCH = 65536      # the batch the pool's reuse bins were counted on
 CPU_FLUSH_BYTES = 64 << 20   # larger than this machine's 32 MiB L3; see flush()
 CUDA_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2
 MEASURE_VERSION = 2          # bump when the protocol changes, so old cache entries are not reused
@@ -105,14 +105,6 @@ def cpu_model() -> str:
     return platform.machine()
 
 
-def _bin_ranges(scale: float) -> tuple[np.ndarray, np.ndarray]:
-    """Access-count range [low, high] of each reuse bin, (2^(b-1), 2^b] (the last one capped at 2^16),
-    rescaled from the pool's 65,536-sample batch to the one measured."""
-    low = np.array([1] + [2 ** (b - 1) + 1 for b in range(1, 17)], dtype=float)
-    high = np.array([1] + [2 ** b for b in range(1, 17)], dtype=float)
-    return np.maximum(1.0, low * scale), np.maximum(1.0, high * scale)
-
-
 def synthesize_indices(table: Table, batch: int, rows: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """(indices, lengths) for one table over `batch` samples: exactly round(batch × pooling) lookups, over
     distinct indices whose access counts are drawn from the ranges of the table's reuse bins."""
@@ -122,7 +114,7 @@ def synthesize_indices(table: Table, batch: int, rows: int, rng: np.random.Gener
     if lookups == 0:
         return np.zeros(0, dtype=np.int64), lengths
     bins = np.asarray(table.reuse_bins, dtype=float)
-    low, high = _bin_ranges(batch / REFERENCE_BATCH)
+    low, high = bin_count_ranges(batch / REFERENCE_BATCH)
     mean_count = float(np.dot(bins, (low + high) / 2))
     distinct = int(np.clip(round(lookups / mean_count), 1, min(rows, lookups)))
     bin_of_slot = rng.choice(bins.size, size=distinct, p=bins / bins.sum())
