@@ -28,6 +28,11 @@ MAX_TIME_LIMIT = 1e6           # seconds; a budget must be finite for a search t
 TIME_LIMIT_SLACK = 0.9         # a solver blaming its time limit must have used at least this share of it
 
 
+def wall_limit(time_limit: float) -> float:
+    """The wall-clock seconds a run with this budget promises to return within, pricing and bounds included."""
+    return 1.1 * time_limit + 2.0
+
+
 class Status(str, Enum):
     OPTIMAL = "optimal"        # proven optimal under the oracle
     FEASIBLE = "feasible"      # a valid plan, optimality not proven
@@ -42,10 +47,13 @@ class BudgetError(ValueError):
 @dataclass(frozen=True)
 class Budget:
     """Wall-clock seconds (finite, > 0); `max_rounds` optionally caps a search's iterations so that its
-    result depends on the seed alone and not on how fast the machine is."""
+    result depends on the seed alone and not on how fast the machine is. The clock runs from `started`
+    (time.monotonic()), set when the run begins (`begun`), so that pricing the options and computing
+    bounds spend the same budget as the search."""
 
     time_limit: float = 10.0
     max_rounds: int | None = None
+    started: float | None = None
 
     def __post_init__(self):
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or \
@@ -55,8 +63,26 @@ class Budget:
         if self.max_rounds is not None and (not isinstance(self.max_rounds, int) or self.max_rounds < 0):
             raise BudgetError(f"max rounds: must be a non-negative integer, got {self.max_rounds!r}")
 
+    def begun(self, at: float | None = None) -> "Budget":
+        """The budget with its clock running from `at` (now by default); one already running keeps its start."""
+        if self.started is not None:
+            return self
+        return replace(self, started=time.monotonic() if at is None else at)
+
     def deadline(self) -> float:
-        return time.monotonic() + self.time_limit
+        return (time.monotonic() if self.started is None else self.started) + self.time_limit
+
+    def remaining(self) -> float:
+        """Seconds left (negative once past the deadline)."""
+        return self.deadline() - time.monotonic()
+
+    def elapsed(self) -> float:
+        return 0.0 if self.started is None else time.monotonic() - self.started
+
+    def share(self, fraction: float) -> float:
+        """The deadline after `fraction` of the budget (never past the budget's own)."""
+        start = time.monotonic() if self.started is None else self.started
+        return min(start + fraction * self.time_limit, self.deadline())
 
 
 def check_seed(seed) -> int:
@@ -185,17 +211,24 @@ def _join(reason: str, more: str) -> str:
     return f"{reason}; {more}" if reason else more
 
 
-def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, seed: int = 0) -> SolveResult:
+def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, seed: int = 0,
+               problem: Problem | None = None) -> SolveResult:
     """The one entry point: checks solver/oracle compatibility, re-validates and re-prices whatever plan
     comes back, and verifies every claim in one place: `optimal` needs a bound that meets the plan,
     `infeasible` a proof, a bound must be finite and below the plan, and a missing plan needs evidence.
-    Claims that fail are downgraded (optimal → feasible, unproven infeasible → no plan) or raised."""
+    Claims that fail are downgraded (optimal → feasible, unproven infeasible → no plan) or raised. The budget's
+    clock starts here unless it already runs; `problem` (of this instance and oracle) may come with its
+    options already priced."""
+    budget = budget.begun()
     info = get_solver(name)
     seed = check_seed(seed)
     mismatch = incompatibility(info, oracle.additive, oracle.prices_tiers, instance.uses_host_memory)
     if mismatch:
         raise SolverOracleMismatch(f"oracle {oracle.name!r}: {mismatch}")
-    problem = Problem(instance, oracle)
+    if problem is None:
+        problem = Problem(instance, oracle)
+    elif problem.instance is not instance or problem.oracle is not oracle:
+        raise ValueError("run_solver: the problem given is not of this instance and oracle")
     proof = memory_infeasibility(problem)
     if proof:
         return infeasible(proof)
@@ -203,9 +236,8 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         obstacle = whole_table_obstacle(instance)
         if obstacle:
             return obstacle
-    started = time.monotonic()
     result = info.solve(problem if info.splits else problem.whole_tables, budget, seed)
-    elapsed = time.monotonic() - started
+    elapsed = budget.elapsed()
     stats = dict(result.stats)
     claimed = result.lower_bound
     if claimed is not None and not (isinstance(claimed, (int, float)) and math.isfinite(claimed)):

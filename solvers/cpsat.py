@@ -3,7 +3,6 @@ given back in the proven bound."""
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +44,6 @@ class IntegerCosts:
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
 
-    started = time.monotonic()
     start, done = prelude(problem, budget, seed, "cpsat")
     if done is not None:
         return done
@@ -89,7 +87,7 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
             cp.AddHint(load, int(value))
         cp.AddHint(makespan, upper)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.05, budget.time_limit - (time.monotonic() - started))
+    solver.parameters.max_time_in_seconds = max(0.05, budget.remaining())
     solver.parameters.num_workers = workers or os.cpu_count() or 1
     solver.parameters.random_seed = seed
     if len(variables) > 20000:

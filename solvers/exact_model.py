@@ -13,7 +13,6 @@ table at position q (costliest first) may only use the first U_q + c of them, U_
 the tables before it can hold at most."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,8 +65,8 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
     if problem.splits:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    deadline = time.monotonic() + (SPLIT_HEURISTIC_SHARE if problem.splits else HEURISTIC_SHARE) * budget.time_limit
-    assembly, failure, _ = searched(problem, Budget(budget.time_limit), seed, deadline)
+    deadline = budget.share(SPLIT_HEURISTIC_SHARE if problem.splits else HEURISTIC_SHARE)
+    assembly, failure, _ = searched(problem, budget, seed, deadline)
     return ExactStart(assembly, bound, failure)
 
 

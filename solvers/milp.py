@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +111,6 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
 
 
 def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResult:
-    started = time.monotonic()
     start, done = prelude(problem, budget, seed, backend)
     if done is not None:
         return done
@@ -132,7 +130,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
         return candidates.plan(*found).storage_per_device(candidates.instance) - capacity
 
     def remaining() -> float:
-        return max(1.0, budget.time_limit - (time.monotonic() - started))
+        return max(0.1, budget.remaining())
 
     run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start)
     stats = {"backend": backend, **run.stats}
@@ -160,9 +158,9 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     usable = raw_bound is not None and np.isfinite(raw_bound)
     proven = raw_bound * unit * (1 - MILP_BOUND_SLACK) if usable else 0.0
     stats["solver_bound"] = proven
-    ran_out = time.monotonic() - started >= TIME_LIMIT_SLACK * budget.time_limit
+    ran_out = budget.elapsed() >= TIME_LIMIT_SLACK * budget.time_limit
     if found is None and not use_start and failure is None and not ran_out:
-        raise RuntimeError(f"{backend} stopped after {time.monotonic() - started:.2f} s without a plan or a "
+        raise RuntimeError(f"{backend} stopped after {budget.elapsed():.2f} s without a plan or a "
                            f"verdict (status {stats['pulp_status']}, solution {stats['solution_status']})")
     return finish(problem, found, max(start.lower_bound, proven), start, stats, failure)
 

@@ -1,3 +1,4 @@
+import dataclasses
 import time
 
 import numpy as np
@@ -22,7 +23,8 @@ from solvers import (
     run_solver,
     solver_names,
 )
-from solvers.base import memory_infeasibility
+from instances.model import SHARDING_TYPES
+from solvers.base import _REGISTRY, memory_infeasibility
 
 PLACEMENT = [n for n in solver_names() if "placement" in get_solver(n).kinds]
 HEURISTIC = [n for n in PLACEMENT if not get_solver(n).exact]
@@ -134,3 +136,36 @@ def test_heuristic_greedy_works_under_a_non_additive_oracle():
     result = run_solver("lookup-greedy", instance, SquareRootOracle(), BUDGET, 0)
     assert result.status == Status.FEASIBLE
     assert result.objective == pytest.approx(SquareRootOracle().plan_cost(instance, result.plan))
+
+
+def test_a_budget_runs_from_when_it_begins():
+    budget = Budget(5.0)
+    assert budget.elapsed() == 0.0
+    begun = budget.begun(at=100.0)
+    assert begun.deadline() == 105.0 and begun.share(0.2) == 101.0
+    assert begun.begun() is begun  # a running clock is never restarted
+    assert Budget(5.0).begun().remaining() <= 5.0
+
+
+@pytest.mark.parametrize("name", ["local-search", "cpsat", "milp-highs", "split-greedy"])
+def test_pricing_the_options_spends_the_solvers_budget(name, monkeypatch):
+    # The budget's clock must already run when the options are priced: a solver handed a budget that
+    # starts after pricing would overrun by however long pricing took.
+    from costmodels.analytic import AnalyticOracle
+
+    priced_at = []
+    bind = AnalyticOracle.bind
+
+    def recording(self, instance, pieces):
+        priced_at.append(time.monotonic())
+        return bind(self, instance, pieces)
+
+    monkeypatch.setattr(AnalyticOracle, "bind", recording)
+    seen = []
+    info = get_solver(name)
+    monkeypatch.setitem(_REGISTRY, name, dataclasses.replace(
+        info, solve=lambda problem, budget, seed: seen.append(budget) or info.solve(problem, budget, seed)))
+    instance = make_instance([(1000, 16, 2.0)] * 5, 2, 10**7, types=SHARDING_TYPES)
+    result = run_solver(name, instance, get_oracle("analytic"), Budget(1.0))
+    assert result.plan is not None and priced_at
+    assert seen[0].started is not None and seen[0].started <= min(priced_at)

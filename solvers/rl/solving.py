@@ -2,7 +2,6 @@
 local search on the given oracle."""
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,6 @@ def solve_with_policy(algorithm: str, polish: bool, problem: Problem, budget: Bu
     path = shipped_policy_path(algorithm)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no trained {algorithm} policy shipped; run `shardbench train policy`")
-    started = time.monotonic()
     result = policy_plan(instance, path)
     if not polish or result.plan is None:
         return result
@@ -42,6 +40,5 @@ def solve_with_policy(algorithm: str, polish: bool, problem: Problem, budget: Bu
     assembly = Assembly(candidates)
     for table, device in enumerate(result.plan.assignment):
         assembly.put(int(candidates.by_table[table][0]), np.array([device]))
-    remaining = max(0.0, budget.time_limit - (time.monotonic() - started))
-    stats = improve(assembly, time.monotonic() + remaining, seed, budget.max_rounds, False, target_bound(candidates))
+    stats = improve(assembly, budget.deadline(), seed, budget.max_rounds, False, target_bound(candidates))
     return SolveResult(Status.FEASIBLE, plan=assembly.plan(), stats=stats)
