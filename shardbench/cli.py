@@ -321,6 +321,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         portfolio = choose_portfolio(instance, args.oracle, args.budget, args.rules)
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
     result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed)
+    print(f"  options priced once in {result.pricing_s:.2f} s" + (
+        ", past the budget: the members returned their first plans" if result.pricing_s >= args.budget else ""))
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -353,7 +355,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     save_plan(result.plan, instance, args.output, report={
         "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
         "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
-        "optimal_over": scope, "sharding_type_counts": types, "kernel_counts": kernels, "wall_seconds": result.wall_s,
+        "optimal_over": scope, "sharding_type_counts": types, "kernel_counts": kernels, "wall_seconds": result.wall_s, "pricing_seconds": result.pricing_s,
         "sharding_types": list(instance.sharding_types),
         "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
                      "seconds": m.seconds, "reason": m.why} for m in result.members]})

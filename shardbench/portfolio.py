@@ -4,17 +4,21 @@ the problem as posed. A proven optimum of that problem stops the rest at once.""
 from __future__ import annotations
 
 import functools
-import time
 from dataclasses import dataclass, field
 
-from costmodels import get_oracle, oracle_is_additive, oracle_prices_tiers
+from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance
 from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
-from solvers.base import incompatibility
+from solvers.base import incompatibility, wall_limit
 from solvers.bounds import gap_to_bound
+from solvers.candidates import Problem
 
-from .isolation import Job, Outcome, kill_deadline, run_isolated
+from .isolation import Job, Outcome, run_isolated
+
+# Kept back from the promised wall time for what the parent does after its members: re-pricing and
+# validating the chosen plan.
+PARENT_MARGIN_S = 0.5
 
 SAFETY_NET = "best-greedy"  # always in the portfolio: the plan is never worse than its
 
@@ -69,6 +73,7 @@ class PortfolioResult:
     members: tuple[Member, ...] = field(default_factory=tuple)  # every member that finished or was killed
     stopped_early: bool = False
     skipped: tuple[str, ...] = ()  # members that cannot plan under this oracle, with the reason
+    pricing_s: float = 0.0      # spent pricing the options before the members started (part of the budget)
 
     @property
     def no_plan_reason(self) -> str | None:
@@ -101,12 +106,27 @@ def optimal_over(instance: Instance) -> str:
     return f"whole-table plans (× compute kernels × cache load factors)" if tiers else "whole-table plans"
 
 
-def _solve(name: str, instance: Instance, oracle_name: str, budget: float, seed: int) -> SolveResult:
-    return run_solver(name, instance, get_oracle(oracle_name), Budget(budget), seed)
+def _solve(name: str, problem: Problem, budget: Budget, seed: int) -> SolveResult:
+    return run_solver(name, problem.instance, problem.oracle, budget, seed, problem=problem)
+
+
+def _priced(instance: Instance, oracle: Oracle, whole_tables: bool) -> Problem:
+    """The problem with its options priced once, here, so that every member forked afterwards shares them
+    instead of pricing them again in its own process."""
+    problem = Problem(instance, oracle)
+    problem.candidates
+    if whole_tables:
+        problem.whole_tables.candidates
+        problem.whole_tables.table_wise
+    return problem
 
 
 def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0) -> PortfolioResult:
-    """Every member at once, each in its own process, killed at `kill_deadline(budget)`."""
+    """Every member at once, each in its own process, on options priced once before they start. The budget
+    runs from when the oracle is built (loading a library it wraps is start-up, not planning); a member
+    still running the promised wall time (less the parent's margin) after it started is killed."""
+    oracle = get_oracle(oracle_name)
+    clock = Budget(budget).begun()
     def why_not(name: str) -> str | None:
         return incompatibility(get_solver(name), oracle_is_additive(oracle_name), oracle_prices_tiers(oracle_name),
                                instance.uses_host_memory)
@@ -115,7 +135,9 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
     skipped = tuple(f"{name}: {why}" for name in names if (why := why_not(name)))
     names = [name for name in names if not why_not(name)]
     posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
-    jobs = [Job(name, functools.partial(_solve, name, instance, oracle_name, budget, seed), kill_deadline(budget))
+    problem = _priced(instance, oracle, any(not get_solver(name).splits for name in names))
+    pricing = clock.elapsed()
+    jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), wall_limit(budget) - PARENT_MARGIN_S)
             for name in names]
     members: list[Member] = []
 
@@ -133,9 +155,8 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
         last = members[-1]
         return last.posed and last.result is not None and last.result.status == Status.OPTIMAL
 
-    started = time.monotonic()
     stopped = run_isolated(jobs, len(jobs), finished, proven)
-    wall = time.monotonic() - started
+    wall = clock.elapsed()
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
               for b in (m.result.lower_bound if m.posed else None, m.result.stats.get("option_bound"))
@@ -143,9 +164,9 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
     bound = max(bounds) if bounds else None
     with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
     if not with_plan:
-        return PortfolioResult(None, None, None, bound, wall, tuple(members), stopped, skipped)
+        return PortfolioResult(None, None, None, bound, wall, tuple(members), stopped, skipped, pricing)
     best = min(with_plan, key=lambda m: (m.result.objective, names.index(m.solver)))
     plan = best.result.plan.validate(instance)
-    objective = get_oracle(oracle_name).plan_cost(instance, plan)  # priced again here: the plan we hand over is the plan we rate
+    objective = problem.oracle.plan_cost(instance, plan)  # priced again here: the plan we hand over is the plan we rate
     return PortfolioResult(plan, best.solver, objective, min(bound, objective) if bound is not None else None,
-                           wall, tuple(members), stopped, skipped)
+                           wall, tuple(members), stopped, skipped, pricing)

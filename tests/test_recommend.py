@@ -2,6 +2,7 @@
 `shardbench recommend`, `refit-recommender` and `plan` end to end, and their bad input."""
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -132,6 +133,27 @@ def test_a_whole_table_optimum_does_not_stop_a_split_portfolio():
     assert whole.status.value == "optimal"
     assert result.solver == "split-greedy" and result.objective < whole.objective * 0.9
     assert not result.stopped_early
+
+
+def test_the_portfolio_prices_the_options_once_before_its_members_start(tmp_path, monkeypatch):
+    from costmodels.base import Oracle
+    from solvers.candidates import Candidates
+
+    log = tmp_path / "pricing"
+
+    def logged(priced):
+        def wrapper(*args):
+            with open(log, "a") as out:
+                out.write(f"{os.getpid()}\n")
+            return priced(*args)
+        return wrapper
+
+    monkeypatch.setattr(Candidates, "build", classmethod(logged(Candidates.build.__func__)))
+    monkeypatch.setattr(Oracle, "table_wise", logged(Oracle.table_wise))
+    instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
+    result = run_portfolio(instance, "analytic", 1.0, ["split-greedy", "local-search", "lpt"])
+    assert result.plan is not None and len(result.members) == 4 and not result.stopped_early
+    assert set(log.read_text().split()) == {str(os.getpid())}  # the members forked afterwards priced nothing
 
 
 def test_whole_table_bounds_do_not_bound_a_split_plan():
