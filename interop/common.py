@@ -19,12 +19,24 @@ TORCHREC_DEFAULT_LOAD_FACTOR = 0.2  # its planner's UVM_CACHING_RATIO: the cache
 IMPORTED_BINS = (1.0,) + (0.0,) * 16  # unknown reuse: every accessed index once (read by measured/neural only)
 
 
+class _DataParallelSpecNoise:
+    """TorchRec's planner warns on the root logger, once per table, that a data-parallel table has no
+    sharding spec (it never has one): noise that would bury our output."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return not str(record.msg).startswith("Sharding spec not found for")
+
+
 def load_torchrec():
     warnings.filterwarnings("ignore", module="torchrec")
     warnings.filterwarnings("ignore", module="fbgemm_gpu")
     import logging
 
     logging.getLogger("torchrec").setLevel(logging.ERROR)
+    root = logging.getLogger()
+    if not any(isinstance(f, _DataParallelSpecNoise) for f in root.filters):
+        root.addFilter(_DataParallelSpecNoise())
     import torchrec
 
     return torchrec

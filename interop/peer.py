@@ -1,9 +1,11 @@
 """TorchRec's planner as peer solvers: `torchrec-planner` (its EmbeddingShardingPlanner with its default
-proposers, kernels and load factor) and `torchrec-offload` (its EmbeddingOffloadScaleupProposer sizing each
-table's cache from our access curves as CacheStatistics). Each plans with TorchRec's own estimator and
-storage model, and its plan is read back as ours."""
+proposers, kernels and load factor), `torchrec-planner-timeout` (the same with its `timeout_seconds` set to
+the budget), `torchrec-dp` (its DynamicProgrammingProposer) and `torchrec-offload` (its
+EmbeddingOffloadScaleupProposer sizing each table's cache from our access curves as CacheStatistics). Each
+plans with TorchRec's own estimator and storage model, and its plan is read back as ours."""
 from __future__ import annotations
 
+import math
 import time
 
 from instances import Instance, Plan
@@ -18,10 +20,13 @@ from .export import from_torchrec_plan
 OFFLOAD_START_LOAD_FACTOR = 0.05
 
 
-def plan_with_torchrec(instance: Instance, constraints: dict | None = None, proposer=None) -> tuple[Plan, list[float]]:
+def plan_with_torchrec(instance: Instance, constraints: dict | None = None, proposer=None,
+                       timeout_seconds: int | None = None) -> tuple[Plan, list[float]]:
     """TorchRec's EmbeddingShardingPlanner on the instance's tables, topology (HBM and host memory), batch
     and allowed types and kernels (the reserve as the instance's memory says), with its default proposers
-    or the one given: our plan of its best plan, and its own per-rank totals (Σ shard perf.total)."""
+    or the one given, and its own time limit if given (it stops proposing past it; enumerating and
+    estimating the options come first and are not limited): our plan of its best plan, and its own per-rank
+    totals (Σ shard perf.total)."""
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import (
         FixedPercentageStorageReservation,
@@ -32,7 +37,7 @@ def plan_with_torchrec(instance: Instance, constraints: dict | None = None, prop
     planner = EmbeddingShardingPlanner(topology=torchrec_topology(instance), batch_size=instance.workload.batch_size,
                                        constraints=constraints or torchrec_constraints(instance), proposer=proposer,
                                        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVE),
-                                       debug=False)
+                                       timeout_seconds=timeout_seconds, debug=False)
     sharding_plan = planner.plan(module, [torchrec_sharder(module)])
     totals = [0.0] * instance.num_devices
     for option in planner._best_plan or []:
@@ -60,24 +65,40 @@ def offload_constraints(instance: Instance) -> dict:
     return constraints
 
 
-def offload_plan(instance: Instance) -> tuple[Plan, list[float]]:
+def offload_plan(instance: Instance, budget) -> tuple[Plan, list[float]]:
     from torchrec.distributed.planner.proposers import EmbeddingOffloadScaleupProposer
 
-    load_torchrec()
     return plan_with_torchrec(instance, offload_constraints(instance), EmbeddingOffloadScaleupProposer())
 
 
+def default_plan(instance: Instance, budget) -> tuple[Plan, list[float]]:
+    return plan_with_torchrec(instance)
+
+
+def timed_plan(instance: Instance, budget) -> tuple[Plan, list[float]]:
+    """TorchRec takes whole seconds, at least one."""
+    return plan_with_torchrec(instance, timeout_seconds=max(1, math.floor(budget.time_limit)))
+
+
+def dp_plan(instance: Instance, budget) -> tuple[Plan, list[float]]:
+    from torchrec.distributed.planner.proposers import DynamicProgrammingProposer
+
+    return plan_with_torchrec(instance, proposer=DynamicProgrammingProposer())
+
+
 def _peer(planning):
-    """A peer solver from a planning function: TorchRec plans with its own estimator, whatever oracle guides
-    the others; its planning time and its own rating of the plan are kept in the stats."""
+    """A peer solver from a planning function of (instance, budget): TorchRec plans with its own estimator,
+    whatever oracle guides the others; its planning time (after importing torchrec) and its own rating of
+    the plan are kept in the stats."""
     def solve(problem, budget, seed):
+        load_torchrec()
         from torchrec.distributed.planner.types import PlannerError
 
         from solvers.base import Cause, NoPlan, SolveResult, Status
 
         started = time.monotonic()
         try:
-            plan, totals = planning(problem.instance)
+            plan, totals = planning(problem.instance, budget)
         except PlannerError as error:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             return SolveResult(Status.NO_PLAN, reason=f"TorchRec's planner found no plan under its own model: {first}",
@@ -88,5 +109,7 @@ def _peer(planning):
     return solve
 
 
-planner_solver = _peer(plan_with_torchrec)
+planner_solver = _peer(default_plan)
+timeout_solver = _peer(timed_plan)
+dp_solver = _peer(dp_plan)
 offload_solver = _peer(offload_plan)
