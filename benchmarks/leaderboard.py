@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from instances.io import write_text_atomic
+from solvers import get_solver, solver_names
+from solvers.base import wall_limit
 
 from .analysis import (
     INSTANCE_SETTING,
@@ -49,6 +51,7 @@ class Row:
     time: tuple[float, float]
     time_median: float
     versus_best: tuple[float, float]
+    over_wall: int | None  # cells past the promised wall time (None: a peer, which keeps no budget)
     # (min, max) over the same cells as the mean beside them: the plot's whiskers
     speedup_range: tuple[float, float] = (float("nan"), float("nan"))
     gap_range: tuple[float, float] = (float("nan"), float("nan"))
@@ -65,6 +68,15 @@ def _range(values: list[float]) -> tuple[float, float]:
     if not values:
         return (float("nan"), float("nan"))
     return (float(np.min(values)), float(np.max(values)))
+
+
+def _over_wall(group: list[dict]) -> int | None:
+    """How many of a row's cells ran past wall_limit(budget); None for a solver that keeps no budget (a
+    store may hold solvers no longer registered: they are held to the budget)."""
+    name = group[0]["solver"]
+    if name in solver_names() and not get_solver(name).budgeted:
+        return None
+    return sum(r["solve_time"] > wall_limit(r["time_limit"]) for r in group)
 
 
 def leaderboard_rows(records: list[dict]) -> list[Row]:
@@ -97,7 +109,7 @@ def leaderboard_rows(records: list[dict]) -> list[Row]:
             speedup=_mean_std(speedups), speedup_cells=len(speedups),
             gap=_mean_std(gaps), gap_cells=len(gaps), within_0_1pct=sum(g <= 1e-3 for g in gaps),
             time=_mean_std(times), time_median=float(np.median(times)),
-            versus_best=_mean_std(versus),
+            versus_best=_mean_std(versus), over_wall=_over_wall(group),
             speedup_range=_range(speedups), gap_range=_range(gaps), versus_best_range=_range(versus),
         ))
     rows.sort(key=lambda row: (row.oracle, row.time_limit, np.nan_to_num(row.gap[0], nan=np.inf), row.solver))
@@ -142,8 +154,8 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
                      "best plan of any row on the same instance." if versus else ""), "",
                   "| solver | plans | optimal | infeasible | no plan | errors |" + (" timeouts |" if timed else "")
                   + " max device cost | balance | speedup over random | gap to bound | ≤0.1 % gap |"
-                  + (" × best plan |" if versus else "") + " time (s) mean ± std | time median |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if versus else "")
+                  + (" × best plan |" if versus else "") + " time (s) mean ± std | time median | over 1.1 × budget + 2 s |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if versus else "")
                   + ("---|" if timed else "")]
         for r in part:
             lines.append(
@@ -151,7 +163,8 @@ def leaderboard_markdown(records: list[dict], title: str) -> str:
                 + (f"| {r.timeouts} " if timed else "")
                 + f"| {_fmt(r.objective, digits=4, general=True)} | {_fmt(r.balance)} | {_fmt(r.speedup)}× | {_fmt(r.gap, 100, 3, ' %')} "
                 f"| {r.within_0_1pct}/{r.gap_cells} |" + (f" {_fmt(r.versus_best)} |" if versus else "")
-                + f" {_fmt(r.time, digits=3)} | {r.time_median:.3f} |")
+                + f" {_fmt(r.time, digits=3)} | {r.time_median:.3f} | "
+                + ("no budget |" if r.over_wall is None else f"{r.over_wall}/{r.cells} |"))
         lines.append("")
     conflicts = best_bounds(records)[1]
     if conflicts:
