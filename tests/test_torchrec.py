@@ -347,6 +347,25 @@ def test_the_torchrec_oracle_prices_torchrecs_plan_as_torchrec_does():
     assert ours_split.objective <= max(totals) * (1 + 1e-9)
 
 
+@pytest.mark.parametrize("peer", ["torchrec-dp", "torchrec-planner-timeout"])
+def test_torchrecs_other_proposers_plan_as_peers_rated_by_its_own_estimator(peer):
+    instance = _instance()
+    result = run_solver(peer, instance, get_oracle("torchrec"), Budget(1.0))
+    assert result.has_plan and result.stats["torchrec_rating"] == pytest.approx(result.objective, rel=1e-9)
+
+
+def test_the_plan_speed_report_sets_plan_beside_torchrecs_planner(tmp_path):
+    from benchmarks import plan_speed
+    from instances import save_instance_set
+
+    folder = save_instance_set([_instance()], tmp_path / "set", {"what": "one tiny task"})
+    store, page = tmp_path / "speed.jsonl", tmp_path / "speed.md"
+    assert plan_speed.main([str(folder), "--budget", "0.5", "--store", str(store), "-o", str(page)]) == 0
+    [record] = [json.loads(line) for line in store.read_text().splitlines()]
+    assert record["status"] == "plan" and record["objective"] <= record["torchrec_objective"] * (1 + 1e-9)
+    assert record["gap"] >= 0 and record["torchrec_seconds"] > 0 and "Ours no worse than TorchRec's on 1/1" in page.read_text()
+
+
 def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_path):
     """Every sharding type on 2 CPU ranks of one node (TorchRec 1.8 runs all five there)."""
     from conftest import make_table
