@@ -101,17 +101,17 @@ class Pieces:
 
         rates = np.where(self.is_kernel(FUSED_UVM), 0.0, 1.0)
         cached = np.flatnonzero(self.is_kernel(FUSED_UVM_CACHING))
-        tables = instance.tables
-        for p in cached.tolist():
-            table = tables[int(self.table[p])]
-            curve, factor = access_curve(table), float(self.load_factor[p])
+        for t in np.unique(self.table[cached]).tolist():
+            members = cached[self.table[cached] == t]
+            table = instance.tables[t]
+            curve, factor = access_curve(table), self.load_factor[members].astype(np.float64)
             if table.row_distribution is None:
-                rates[p] = float(curve.hit_rate(factor))
+                rates[members] = curve.hit_rate(factor)
                 continue
-            start, end = int(self.row_start[p]), int(self.row_end[p])
-            held = start + min(end - start, int(np.ceil(factor * (end - start))))
-            low, top, high = curve.hit_rate(np.array([start, held, end]) / table.rows)
-            rates[p] = float((top - low) / (high - low)) if high > low else 1.0
+            start, end = self.row_start[members].astype(np.int64), self.row_end[members].astype(np.int64)
+            held = start + np.minimum(end - start, np.ceil(factor * (end - start)).astype(np.int64))
+            low, top, high = (curve.hit_rate(edge / table.rows) for edge in (start, held, end))
+            rates[members] = np.where(high > low, (top - low) / np.where(high > low, high - low, 1.0), 1.0)
         return rates
 
     def lookup_share(self, instance: Instance) -> np.ndarray:
