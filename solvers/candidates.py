@@ -32,6 +32,9 @@ from instances.options import (
 from instances.sharding import COLUMN_WISE, TABLE_WISE
 
 
+DOMINANCE_SLACK = 1e-9  # relative: sums of the same costs in another order differ by far less
+
+
 @dataclass(eq=False)
 class Problem:
     """An instance and the oracle that prices it; `candidates` and `table_wise` are built on first use
@@ -181,6 +184,11 @@ class Candidates:
     def _prune_dominated(self) -> None:
         memory_matters = bool(self.binding_tiers)
         costs, memory = self.priced.costs, self.storage[:, list(self.binding_tiers)]
+        # Each sufficient condition below puts a's pieces where b puts at least as much, so a dominates b
+        # only if its total work and total bytes (per tier compared) are at most b's: a cheap screen that
+        # skips most pairs (the slack covers float summation order; bytes are exact).
+        work = self.work.tolist()
+        bytes_ = [tuple(row) for row in self.total_storage[:, list(self.binding_tiers)].tolist()]
         count = 0
         for ids in self.by_table:
             ids = [int(o) for o in ids]
@@ -188,8 +196,10 @@ class Candidates:
                 continue
             shapes = {o: self._shape(o, costs, memory) for o in ids}
             for b in ids:
+                ceiling = work[b] + DOMINANCE_SLACK * abs(work[b])
                 for a in ids:
-                    if a == b or not self.live[a]:
+                    if a == b or not self.live[a] or work[a] > ceiling or \
+                            (memory_matters and any(x > y for x, y in zip(bytes_[a], bytes_[b]))):
                         continue
                     if _dominates(shapes[a], shapes[b], memory_matters, self.instance.topology.devices_per_node) and \
                             (a < b or not _dominates(shapes[b], shapes[a], memory_matters,
