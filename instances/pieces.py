@@ -101,8 +101,9 @@ class Pieces:
 
         rates = np.where(self.is_kernel(FUSED_UVM), 0.0, 1.0)
         cached = np.flatnonzero(self.is_kernel(FUSED_UVM_CACHING))
-        for t in np.unique(self.table[cached]).tolist():
-            members = cached[self.table[cached] == t]
+        cached = cached[np.argsort(self.table[cached], kind="stable")]
+        tables, starts = np.unique(self.table[cached], return_index=True)
+        for t, members in zip(tables.tolist(), np.split(cached, starts[1:])):
             table = instance.tables[t]
             curve, factor = access_curve(table), self.load_factor[members].astype(np.float64)
             if table.row_distribution is None:
