@@ -262,13 +262,25 @@ def perf(s: Setting, t: Tables, pieces: Pieces) -> np.ndarray:
 
 def _device_bw(s: Setting, pieces: Pieces) -> np.ndarray:
     """TorchRec's bandwidth of each piece's kernel (a cached kernel's depends on its load factor)."""
-    keys = np.stack([pieces.kernel.astype(float), np.where(s.cached[pieces.kernel], pieces.load_factor, -1.0)], axis=1)
-    distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-    values = [s.device_bw(KERNELS[int(k)], f if f >= 0 else None) for k, f in distinct.tolist()]
-    return np.array(values)[inverse.ravel()]
+    factor = np.where(s.cached[pieces.kernel], pieces.load_factor, -1.0)
+    first, inverse = _distinct(pieces.kernel, factor)
+    values = [s.device_bw(KERNELS[k], f if f >= 0 else None) for k, f in zip(pieces.kernel[first].tolist(),
+                                                                               factor[first].tolist())]
+    return np.array(values)[inverse]
+
+
+def _distinct(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The first index of each distinct row of the columns, and each row's distinct row."""
+    code = np.zeros(len(columns[0]), dtype=np.int64)
+    for column in columns:
+        values, inverse = np.unique(column, return_inverse=True)
+        code = code * len(values) + inverse
+    _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    return first, inverse
 
 
 def _penalty(s: Setting, width: np.ndarray) -> np.ndarray:
+    """TorchRec's block usage penalty of each width."""
     widths, inverse = np.unique(width, return_inverse=True)
     return np.array([s.block_penalty(int(d)) for d in widths])[inverse]
 
@@ -301,10 +313,10 @@ def _share(stored: np.ndarray, rows, width, t: Tables, table, kind) -> np.ndarra
     share[whole] = rows[whole] * width[whole] * t.element[table[whole]].astype(np.int64)
     part = np.flatnonzero(split & ~whole & (stored != 0))
     if part.size:
-        keys = np.stack([stored[part], rows[part] * width[part], t.rows[table[part]] * t.dim[table[part]]], axis=1)
-        distinct, inverse = np.unique(keys, axis=0, return_inverse=True)
-        values = np.array([math.ceil(a * b / c) for a, b, c in distinct.tolist()], dtype=np.int64)
-        share[part] = values[inverse.ravel()]
+        keys = (stored[part], rows[part] * width[part], t.rows[table[part]] * t.dim[table[part]])
+        first, inverse = _distinct(*keys)
+        values = [math.ceil(a * b / c) for a, b, c in zip(*(k[first].tolist() for k in keys))]
+        share[part] = np.array(values, dtype=np.int64)[inverse]
     return share
 
 
