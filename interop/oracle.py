@@ -14,28 +14,69 @@ from instances.kernels import KERNELS
 from instances.model import SHARDING_TYPES
 from instances.pieces import Pieces
 
+from . import formulas
 from .common import load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
 
 
 @dataclass
 class _Estimates:
-    """TorchRec's estimators for an instance with the sharder data they read, and each table's
-    table-wise option (from TorchRec's enumerator) as the template every other option is made from."""
+    """TorchRec's estimators for an instance with the sharder data they read, each table's table-wise
+    option (from TorchRec's enumerator) as the template every other option is made from, and the numbers
+    the array formulas read from them."""
 
     estimators: list
     sharder_data: Any
     templates: dict  # table name -> table-wise ShardingOption
+    setting: formulas.Setting
+    tables: formulas.Tables
 
     def estimate(self, options: list) -> None:
         for estimator in self.estimators:
             estimator.estimate(options, sharder_data_map=self.sharder_data)
 
+    def covered(self, pieces: Pieces) -> np.ndarray:
+        """Per piece, whether the array formulas restate TorchRec for it (its kernel, table and the
+        perf config all within what they cover)."""
+        if self.setting.problem is not None:
+            return np.zeros(len(pieces), dtype=bool)
+        tables = np.array([problem is None for problem in self.tables.problem])
+        kernels = np.array([kernel in formulas.COVERED_KERNELS for kernel in KERNELS])
+        return tables[pieces.table] & kernels[pieces.kernel]
+
+
+def _check_cuts(instance: Instance, pieces: Pieces) -> None:
+    """Refuses a piece that is not one of TorchRec's cuts of its table (instances.sharding's row_cuts and
+    column_cuts, which follow TorchRec's): whole tables for table-wise and data-parallel, equal column
+    blocks, row blocks of ceil(rows / parts) over all devices (row-wise) or a node's (table-row-wise)."""
+    rows = np.array([t.rows for t in instance.tables], dtype=np.int64)[pieces.table]
+    dim = np.array([t.dim for t in instance.tables], dtype=np.int64)[pieces.table]
+    rs, re, cs, ce, width = pieces.row_start, pieces.row_end, pieces.col_start, pieces.col_end, pieces.width
+    whole_rows, whole_cols = (rs == 0) & (re == rows), (cs == 0) & (ce == dim)
+    ok = whole_rows & whole_cols
+    column = pieces.is_kind("column_wise")
+    block = dim[column] // np.maximum(dim[column] // np.maximum(width[column], 1), 1)
+    ok[column] = whole_rows[column] & (width[column] == block) & (cs[column] % block == 0) & (ce[column] <= dim[column])
+    for kind, parts in (("row_wise", instance.num_devices), ("table_row_wise", instance.topology.devices_per_node)):
+        m = pieces.is_kind(kind)
+        r, s, e = rows[m], rs[m], re[m]
+        block = -(-r // parts)
+        full = r // block
+        starts_a_block = (s % block == 0) & (s // block <= full) & (s // block < parts)
+        ok[m] = whole_cols[m] & (e == np.minimum(s + block, r)) & (starts_a_block | ((s == r) & (full + 1 < parts)))
+    if not ok.all():
+        p = int(np.flatnonzero(~ok)[0])
+        raise InstanceError(f"table {instance.tables[pieces.table[p]].name}",
+                            f"a {SHARDING_TYPES[pieces.kind[p]]} shard at rows {rs[p]}..{re[p]}, cols {cs[p]}..{ce[p]} "
+                            "is not one TorchRec cuts: the torchrec oracle prices TorchRec's own cuts")
+
 
 class TorchRecOracle(AdditiveOracle):
-    """Each shard priced by TorchRec's EmbeddingPerfEstimator (its `perf.total`, ms) and stored as its
-    EmbeddingStorageEstimator says (HBM bytes, input and output buffers included); a device's cost is the
-    sum over its shards, as TorchRec's planner rates a plan. Shards must be TorchRec's cuts. TorchRec
-    estimates a shard from its size alone, so equal shards of an option are estimated once."""
+    """Each shard priced as TorchRec's EmbeddingPerfEstimator prices it (its `perf.total`, ms) and stored as
+    its EmbeddingStorageEstimator says (HBM bytes, input and output buffers included); a device's cost is
+    the sum over its shards, as TorchRec's planner rates a plan. Shards must be TorchRec's cuts. The
+    estimates come from interop.formulas (TorchRec's formulas over arrays, equal to its estimators); pieces
+    they do not cover are estimated by TorchRec itself, one option per table, kind, width and kernel, equal
+    shards once."""
 
     name = "torchrec"
     description = "TorchRec 1.8's shard perf and storage estimators, per-rank sum (ms; its HBM and DDR estimates as storage)"
@@ -66,19 +107,23 @@ class TorchRecOracle(AdditiveOracle):
             estimators = [EmbeddingPerfEstimator(topology, constraints), EmbeddingStorageEstimator(topology, constraints)]
             templates_only = {name: ParameterConstraints(pooling_factors=c.pooling_factors, sharding_types=["table_wise"],
                                                          compute_kernels=["fused"]) for name, c in constraints.items()}
+            # The enumerator estimates what it enumerates (with TorchRec's perf estimator when given none);
+            # the templates need no estimates, so it gets the cheap storage estimator.
             enumerator = EmbeddingEnumerator(topology=topology, batch_size=instance.workload.batch_size,
-                                             constraints=templates_only, estimator=[])
+                                             constraints=templates_only, estimator=estimators[1])
             module = torchrec_module(instance)
             sharders = [torchrec_sharder(module)]
             options = enumerator.enumerate(module, sharders)
             sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
-            self._cache = (instance, _Estimates(estimators, sharder_data, {o.name: o for o in options}))
+            config = estimators[0]._estimator.config  # the perf config TorchRec's factory chose
+            tables = formulas.tables(options, topology, config, constraints, sharder_data[options[0].module_type_key])
+            self._cache = (instance, _Estimates(estimators, sharder_data, {o.name: o for o in options},
+                                                formulas.setting(topology, config), tables))
         return self._cache[1]
 
     def _option(self, instance: Instance, table: Table, kind: str, width: int, kernel: str, load_factor: float | None):
         """TorchRec's option for its cut of `table` as `kind` (column blocks of `width`) served by `kernel`
-        (with a cache of `load_factor` of its rows), with one shard per distinct shard size, and the offsets
-        of every shard of the full cut."""
+        (with a cache of `load_factor` of its rows), with one shard per distinct shard size."""
         from torchrec.distributed.planner.enumerators import get_partition_by_type
         from torchrec.distributed.planner.types import Shard as TorchRecShard
         from torchrec.distributed.types import CacheParams
@@ -100,34 +145,44 @@ class TorchRecOracle(AdditiveOracle):
         option.cache_params = CacheParams(load_factor=load_factor) if load_factor is not None else None
         option.partition_by = get_partition_by_type(kind)
         option.shards = [TorchRecShard(size=list(size), offset=list(offset)) for size, offset in sizes.items()]
-        return option, {(r[0], c[0]) for r, c in cuts}
+        return option
 
     def bind(self, instance: Instance, pieces: Pieces) -> Priced:
-        rows, width = pieces.rows.tolist(), pieces.width.tolist()
-        row_start, col_start = pieces.row_start.tolist(), pieces.col_start.tolist()
-        groups: dict[tuple, list[int]] = {}
-        for p, key in enumerate(zip(pieces.table.tolist(), pieces.kind.tolist(), width, pieces.kernel.tolist(),
-                                    pieces.load_factor.tolist())):
-            groups.setdefault(key, []).append(p)
-        options = {key: self._option(instance, instance.tables[key[0]], SHARDING_TYPES[key[1]], key[2], KERNELS[key[3]],
-                                     key[4] or None) for key in groups}
-        self._estimates(instance).estimate([option for option, _ in options.values()])
+        _check_cuts(instance, pieces)
+        estimates = self._estimates(instance)
         breakdown = np.zeros((len(pieces), 4))
         storage = np.zeros((len(pieces), 2), dtype=np.int64)
-        for key, members in groups.items():
-            table, kind = instance.tables[key[0]], SHARDING_TYPES[key[1]]
-            option, offsets = options[key]
-            by_size = {tuple(s.size): (s.perf, (s.storage.hbm, s.storage.ddr)) for s in option.shards}
-            for p in members:
-                if (row_start[p], col_start[p]) not in offsets:
-                    raise InstanceError(f"table {table.name}", f"a {kind} shard at rows {row_start[p]}, cols "
-                                        f"{col_start[p]} is not one TorchRec cuts: the torchrec oracle prices "
-                                        "TorchRec's own cuts")
-                perf, stored = by_size[(rows[p], width[p])]
+        covered = estimates.covered(pieces)
+        done = np.flatnonzero(covered)
+        if done.size:
+            part = pieces if done.size == len(pieces) else Pieces.of(
+                *(getattr(pieces, f)[done] for f in ("table", "kind", "row_start", "row_end", "col_start", "col_end",
+                                                     "kernel", "load_factor")))
+            breakdown[done] = formulas.perf(estimates.setting, estimates.tables, part)
+            storage[done] = formulas.storage(estimates.setting, estimates.tables, part)
+        if not covered.all():
+            self._estimate_with_torchrec(instance, pieces, np.flatnonzero(~covered), breakdown, storage)
+        return AdditivePriced(instance, pieces, breakdown=breakdown, storage=storage)
+
+    def _estimate_with_torchrec(self, instance: Instance, pieces: Pieces, members: np.ndarray,
+                                breakdown: np.ndarray, storage: np.ndarray) -> None:
+        """TorchRec's estimators for the pieces the formulas do not cover, one option per table, kind,
+        width, kernel and load factor."""
+        groups: dict[tuple, list[int]] = {}
+        for p in members.tolist():
+            key = (int(pieces.table[p]), int(pieces.kind[p]), int(pieces.width[p]), int(pieces.kernel[p]),
+                   float(pieces.load_factor[p]))
+            groups.setdefault(key, []).append(p)
+        options = {key: self._option(instance, instance.tables[key[0]], SHARDING_TYPES[key[1]], key[2],
+                                     KERNELS[key[3]], key[4] or None) for key in groups}
+        self._estimates(instance).estimate(list(options.values()))
+        for key, group in groups.items():
+            by_size = {tuple(s.size): (s.perf, (s.storage.hbm, s.storage.ddr)) for s in options[key].shards}
+            for p in group:
+                perf, stored = by_size[(int(pieces.rows[p]), key[2])]
                 breakdown[p] = (perf.fwd_compute, perf.bwd_compute + perf.prefetch_compute, perf.fwd_comms,
                                 perf.bwd_comms)
                 storage[p] = stored
-        return AdditivePriced(instance, pieces, breakdown=breakdown, storage=storage)
 
     def piece_breakdown(self, instance: Instance, pieces: Pieces) -> np.ndarray:
         return self.bind(instance, pieces).breakdown
