@@ -86,6 +86,8 @@ class TorchRecOracle(AdditiveOracle):
     prices_tiers = True
 
     def __init__(self):
+        # Loading torchrec (seconds) is part of building the oracle, before any budget's clock starts.
+        load_torchrec()
         self._cache: tuple[Instance, _Estimates] | None = None  # the last instance priced and its estimators
 
     def _estimates(self, instance: Instance) -> _Estimates:
