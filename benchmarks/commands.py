@@ -35,7 +35,8 @@ def _cmd_refit_recommender(args: argparse.Namespace) -> int:
         regrets = np.array([r["regret"] for r in rows])
         print(f"{granularity}: held-out (leave one family out) regret mean {regrets.mean():.2%}, within 1 % on "
               f"{(regrets <= 0.01).sum()}/{len(rows)}, worst {regrets.max():.2%}")
-    print(f"{len(rules.evidence)} workloads from {len(suites)} suites; {rules.granularity} rules "
+    print(f"{len(rules.evidence)} workloads in {len({w.family for w in rules.evidence})} families from "
+          f"{len(suites)} suite files; {rules.granularity} rules "
           f"({len(rules.table)} keys) written to {out}")
     return 0
 

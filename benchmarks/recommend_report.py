@@ -22,7 +22,7 @@ from shardbench.workloads import workload_features
 from .analysis import TABLE_WISE_SETTING
 from .leaderboard import publish_report
 from .refit import family_suites, refit
-from .suite import PAGES, load_suite
+from .suite import PAGES, load_suites
 
 NAIVE = ("cpsat", "local-search", "lpt")
 PLAN_BUDGET = 10.0
@@ -73,8 +73,7 @@ def evaluation_lines(rules: Rules, evaluations: dict) -> list[str]:
 def plan_lines(rules: Rules) -> list[str]:
     """`plan` at PLAN_BUDGET on every workload of that budget, against each solver alone in the evidence."""
     instances = {}
-    for path in family_suites():
-        suite = load_suite(path)
+    for suite in (suite for path in family_suites() for suite in load_suites(path)):
         instances.update({(suite.name, i.id): i for i in load_instances(suite.instances)})
     rows, started, held_out = [], time.monotonic(), {}
     for w in (w for w in rules.evidence if w.budget == PLAN_BUDGET):

@@ -16,7 +16,7 @@ from solvers import get_solver
 
 from .analysis import INSTANCE_SETTING, TABLE_WISE_SETTING, setting_of
 from .store import read_records
-from .suite import Suite, load_suite
+from .suite import Suite, load_suites
 
 SUITES_DIR = Path(__file__).parent / "suites"
 FAMILY_PREFIX = "workloads-"
@@ -27,17 +27,18 @@ def family_suites(directory: Path = SUITES_DIR) -> list[Path]:
 
 
 def distinct_stores(suite_paths: Iterable[Path]) -> list[Suite]:
-    """The suites, each store once: a store read twice (the same suite given twice, or two suites naming one
-    store) would put a family's workloads on both sides of the leave-one-family-out split."""
+    """The suites of the files (each suite of a grid a family of its own), each store once: a store read
+    twice (the same suite given twice, or two suites naming one store) would put a family's workloads on
+    both sides of the leave-one-family-out split."""
     suites, first = [], {}
     for path in suite_paths:
-        suite = load_suite(path)
-        store = suite.results.resolve()
-        if store in first:
-            raise RecommenderError(f"{path}: its results store {suite.results} is also that of {first[store]}; give "
-                                   "each store once")
-        first[store] = path
-        suites.append(suite)
+        for suite in load_suites(path):
+            store = suite.results.resolve()
+            if store in first:
+                raise RecommenderError(f"{path}: its results store {suite.results} is also that of {first[store]}; "
+                                       "give each store once")
+            first[store] = path
+            suites.append(suite)
     return suites
 
 

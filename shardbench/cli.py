@@ -284,7 +284,8 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     chosen = ranking[:PORTFOLIO_SIZE]
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
-          f"devices in {features.nodes} node(s), memory tightness {features.tightness:.2f}, heaviest table "
+          f"devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
+          f"{' with host memory' if features.host_memory else ''}, heaviest table "
           f"{features.heaviest:.2f}× the balanced load, cost CV {features.cost_cv:.2f}, "
           f"{features.split_share:.0%} of tables worth splitting, {'additive' if features.additive else 'non-additive'} oracle")
     print(f"recommended: {chosen[0]['solver']}" + (f"; portfolio (side by side, as `shardbench plan` runs it): "

@@ -81,6 +81,8 @@ def applicable(solver: str, features: Features) -> bool:
 def rule_key(features: Features, granularity: str) -> str:
     parts = [size_class(features.tables), budget_class(features.budget),
              "additive" if features.additive else "non-additive", "splits" if features.split_share > 0 else "whole"]
+    if features.host_memory:  # tiers enlarge every table's options and change what fits where
+        parts.append("tiers")
     if granularity == "fine":
         parts += ["tight" if features.tightness >= 0.8 else "roomy", "skewed" if features.heaviest >= 1 else "even"]
     return " | ".join(parts)
@@ -153,7 +155,8 @@ class Rules:
 
 
 _FEATURE_TYPES = {"tables": int, "devices": int, "nodes": int, "tightness": float, "heaviest": float,
-                  "cost_cv": float, "split_share": float, "additive": bool, "budget": float}
+                  "cost_cv": float, "split_share": float, "additive": bool, "budget": float, "host_memory": bool}
+_LATER_FEATURES = {"host_memory"}  # rules files written before these features lack them (Features' defaults)
 _ROW_NUMBERS = ("mean_regret", "max_regret", "mean_time")
 _ROW_COUNTS = ("within", "misses", "workloads")
 _ROW_KEYS = {"solver", *_ROW_NUMBERS, *_ROW_COUNTS}
@@ -190,9 +193,13 @@ def _rules_problem(data) -> str | None:
         if not _number(w.get("budget")) or w["budget"] <= 0:
             return f"{where}.budget: must be a positive number of seconds"
         features = w.get("features")
-        if not isinstance(features, dict) or set(features) != set(_FEATURE_TYPES):
-            return f"{where}.features: must have exactly {', '.join(_FEATURE_TYPES)}"
+        if not isinstance(features, dict) or \
+                not set(_FEATURE_TYPES) - _LATER_FEATURES <= set(features) <= set(_FEATURE_TYPES):
+            return (f"{where}.features: must have exactly {', '.join(_FEATURE_TYPES)} "
+                    f"({', '.join(sorted(_LATER_FEATURES))} may be left out)")
         for name, kind in _FEATURE_TYPES.items():
+            if name not in features:
+                continue
             value = features[name]
             ok = isinstance(value, bool) if kind is bool else _number(value, integer=kind is int)
             if not ok:
