@@ -11,7 +11,7 @@ import numpy as np
 from instances import InstanceError, load_instances
 from instances.io import check_output_path, write_json_atomic, write_text_atomic
 from shardbench.args import POSITIVE, SEED, TIME_LIMIT, examples, number
-from solvers import BudgetError
+from solvers import BudgetError, get_solver
 
 from .distributed import RayUnavailableError
 from .store import StoreError
@@ -59,8 +59,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from .suite import load_suites
 
     _check_executor(args)
-    if args.render_only and args.fresh:
-        raise BudgetError("--render-only: renders the stored results; --fresh would discard them")
+    if args.render_only and (args.fresh or args.rerun):
+        raise BudgetError("--render-only: renders the stored results; --fresh or --rerun would discard them")
+    if args.fresh and args.rerun:
+        raise BudgetError("--rerun: --fresh already reruns every cell")
+    for name in args.rerun or ():
+        get_solver(name)
     for suite in load_suites(args.suite):  # a grid's suites one after another, each with its own store
         if args.output is not None:
             check_output_path(Path(args.output) / suite.results.name, "-o")
@@ -71,7 +75,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             records = read_records(suite.results)
         else:
             records = run_suite(suite, fresh=args.fresh, workers=args.workers, executor=args.executor,
-                                address=args.address)
+                                address=args.address, rerun=tuple(args.rerun or ()))
         print(publish_leaderboard(suite, records))
         print(f"results: {suite.results}\nleaderboard: {suite.leaderboard_path}\nplot: {suite.plot_path}")
     return 0
@@ -197,6 +201,10 @@ def add_commands(sub) -> None:
                                            f"shardbench bench {SUITES}/vs-torchrec-80x8.toml --render-only"))
     bench.add_argument("suite", help="a suite file; one with a [grid] runs each of its suites in turn")
     bench.add_argument("--fresh", action="store_true", help="discard stored results and rerun every cell")
+    bench.add_argument("--rerun", type=lambda v: tuple(dict.fromkeys(s.strip() for s in v.split(",") if s.strip())),
+                       metavar="SOLVERS",
+                       help="comma-separated solvers whose stored records are dropped and run again (the rest are "
+                       "kept; default: none)")
     bench.add_argument("--workers", type=number(int, 1, MAX_WORKERS, what="count"),
                        help="cells run at once (default: the suite's)")
     bench.add_argument("-o", "--output", metavar="DIR", help="keep the results store, leaderboard and plot in DIR "

@@ -22,10 +22,11 @@ EXECUTORS = ("local", "ray")
 
 
 def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, quiet: bool = False,
-              executor: str = "local", address: str | None = None) -> list[dict]:
+              executor: str = "local", address: str | None = None, rerun: tuple[str, ...] = ()) -> list[dict]:
     """Runs what the store lacks and returns every record of this suite's cells. The store stays locked
     while the suite runs: a second bench process on it is refused. `executor` "ray" runs the cells as Ray
-    tasks (on the cluster at `address`, or a local instance), into the same store."""
+    tasks (on the cluster at `address`, or a local instance), into the same store. `rerun` names solvers
+    whose stored records are dropped first, so that only their cells run again."""
     if executor not in EXECUTORS:
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     instances = load_instances(suite.instances)
@@ -39,6 +40,10 @@ def run_suite(suite: Suite, fresh: bool = False, workers: int | None = None, qui
     with session, Store(suite.results) as store:
         if fresh:
             store.clear()
+        elif rerun:
+            dropped = store.discard(rerun)
+            if not quiet:
+                print(f"{suite.name}: dropped {dropped} stored records of {', '.join(rerun)} to run them again")
         return _run_missing(suite, cells, store, workers, quiet, executor, address)
 
 

@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+from instances.io import write_text_atomic
+
 KEY_FIELDS = ("instance", "solver", "oracle", "time_limit", "seed")
 REQUIRED_FIELDS = (*KEY_FIELDS, "status", "solve_time")
 STATUSES = ("optimal", "feasible", "infeasible", "no_plan", "error", "timeout")
@@ -128,6 +130,15 @@ class Store:
 
     def clear(self) -> None:
         self.path.unlink(missing_ok=True)
+
+    def discard(self, solvers: tuple[str, ...]) -> int:
+        """Drops the records of these solvers (their cells then run again), rewriting the store at once;
+        returns how many were dropped."""
+        records = self.records()
+        kept = [r for r in records if r["solver"] not in solvers]
+        if len(kept) != len(records):
+            write_text_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        return len(records) - len(kept)
 
     def records(self) -> list[dict]:
         """The stored records, after cutting off an incomplete last line so that appends start clean."""

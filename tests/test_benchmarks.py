@@ -366,3 +366,22 @@ def test_cli_summarize_tabulates_a_sweep(tmp_path, small_set, capsys):
     lines = out.read_text().splitlines()
     assert lines[0] == "### sweep" and lines[2] == "| suite | lpt | size-greedy | random |"
     assert len(lines) == 6 and all(line.startswith("| t | ") and line.count(" % ") == 3 for line in lines[4:])
+
+
+def test_cli_bench_rerun_runs_only_the_named_solvers_again(tmp_path, small_set, capsys):
+    suite = _write_suite(tmp_path, ["lpt", "size-greedy"])
+    assert main(["bench", str(suite)]) == 0
+    store = tmp_path / "out" / "t.jsonl"
+    before = [json.loads(line) for line in store.read_text().splitlines()]
+    assert main(["bench", str(suite), "--rerun", "lpt"]) == 0
+    after = [json.loads(line) for line in store.read_text().splitlines()]
+    assert "dropped 2 stored records of lpt" in capsys.readouterr().out
+    assert len(after) == len(before)
+    assert [r for r in after if r["solver"] != "lpt"] == [r for r in before if r["solver"] != "lpt"]
+    assert sorted(r["instance"] for r in after[-2:]) == sorted(r["instance"] for r in before if r["solver"] == "lpt")
+    assert all(r["solver"] == "lpt" for r in after[-2:])
+    for argv, needle in ((["--rerun", "nope"], "unknown solver"), (["--rerun", "lpt", "--fresh"], "--rerun"),
+                         (["--rerun", "lpt", "--render-only"], "--render-only")):
+        assert main(["bench", str(suite), *argv]) == 2
+        assert needle in capsys.readouterr().err
+    assert [json.loads(line) for line in store.read_text().splitlines()] == after
