@@ -31,12 +31,13 @@ def check_oracle(instance: Instance, oracle: str) -> None:
 
 
 def plan(instance: Instance, oracle: str = "analytic", budget: float = 10.0, solvers: list[str] | None = None,
-         seed: int = 0, rules: str | Path | None = None) -> PortfolioResult:
+         seed: int = 0, rules: str | Path | None = None, gap: float = 0.0) -> PortfolioResult:
     """The best validated plan any member of the portfolio finds within `budget` seconds, with the best
-    bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too)."""
+    bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too); a plan
+    certified within `gap` (a fraction) of its bound stops the search early."""
     check_oracle(instance, oracle)
     if solvers is not None:
         for name in solvers:
             get_solver(name)
     members = list(solvers) if solvers is not None else choose_portfolio(instance, oracle, budget, rules)
-    return run_portfolio(instance.validate(), oracle, budget, members, seed)
+    return run_portfolio(instance.validate(), oracle, budget, members, seed, gap)

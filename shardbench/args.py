@@ -63,6 +63,9 @@ def examples(*lines: str) -> str:
 
 TIME_LIMIT = number(float, 0, MAX_TIME_LIMIT, low_open=True, what="seconds")
 SEED = number(int, 0, MAX_SEED, what="seed")
+GAP_PERCENT = number(float, 0, 99, what="percent")
+GAP_HELP = ("stop once a plan is certified within this many percent of the proven bound (default: 0, run the budget "
+            "out unless a plan is proven optimal)")
 POSITIVE = number(int, 1, what="count")
 
 

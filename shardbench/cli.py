@@ -42,6 +42,8 @@ from solvers.bounds import gap_to_bound
 
 from .args import (
     EXIT_ERROR,
+    GAP_HELP,
+    GAP_PERCENT,
     POSITIVE,
     SEED,
     TIME_LIMIT,
@@ -226,7 +228,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         check_output_path(args.output, "-o")
     instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
     oracle = get_oracle(args.oracle)
-    result = run_solver(args.solver, instance, oracle, Budget(args.budget), args.seed)
+    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
           f"{result.status.value}")
     if result.reason:
@@ -321,7 +323,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     else:
         portfolio = choose_portfolio(instance, args.oracle, args.budget, args.rules)
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
-    result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed)
+    result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed, gap=args.gap / 100)
     print(f"  options priced once in {result.pricing_s:.2f} s" + (
         ", past the budget: the members returned their first plans" if result.pricing_s >= args.budget else ""))
     kept = [m for m in result.members if m.solver == result.solver]
@@ -335,7 +337,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     for skipped in result.skipped:
         print(f"  skipped {skipped}")
     if result.stopped_early:
-        print("  a proven optimum stopped the others")
+        print("  a proven optimum stopped the others" if args.gap == 0 else
+              f"  a plan certified within {args.gap:g} % (or a proven optimum) stopped the others")
     if result.plan is None:
         print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
@@ -355,7 +358,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
           else "  certificate: none (no member proved a bound)")
     save_plan(result.plan, instance, args.output, report={
         "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
-        "seed": args.seed, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
+        "seed": args.seed, "gap_target": args.gap / 100, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
         "optimal_over": scope, "sharding_type_counts": types, "kernel_counts": kernels, "wall_seconds": result.wall_s, "pricing_seconds": result.pricing_s,
         "sharding_types": list(instance.sharding_types),
         "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
@@ -504,6 +507,7 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
                        help="seconds the solver may take")
     solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
+    solve.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
     solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
                        "comma-separated or 'all' (default: the instance's)")
     solve.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
@@ -536,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   help="run these instead of the recommendation, comma-separated (default: the "
                                   "recommended portfolio)")
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
+            question.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
             question.set_defaults(func=_cmd_plan)
     show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown",
                                epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))

@@ -44,7 +44,8 @@ class ShardbenchPlanner(ShardingPlanner):
     Built like TorchRec's EmbeddingShardingPlanner from a `Topology`, the `batch_size` per rank and
     `constraints` (ParameterConstraints by table name), plus `budget` (seconds), `oracle` (the cost
     model the solvers optimise; `torchrec` is TorchRec's own estimator), `solvers` (default: the
-    recommended portfolio) and `seed`. After `plan`, `result` holds the PortfolioResult (objective,
+    recommended portfolio), `seed` and `gap` (stop once a plan is certified within this fraction of its
+    bound; default 0). After `plan`, `result` holds the PortfolioResult (objective,
     bound, gap, winning solver, members) and `instance` the instance planned (a table that shares its
     name with another module's, or has a ".", is renamed there after its module's path).
 
@@ -64,11 +65,11 @@ class ShardbenchPlanner(ShardingPlanner):
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
-                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0) -> None:
+                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0) -> None:
         self._topology = topology
         self._batch_size = batch_size if batch_size else BATCH_SIZE
         self._constraints = dict(constraints or {})
-        self._budget, self._oracle, self._solvers, self._seed = budget, oracle, solvers, seed
+        self._budget, self._oracle, self._solvers, self._seed, self._gap = budget, oracle, solvers, seed, gap
         self.result: PortfolioResult | None = None
         self.instance: Instance | None = None
 
@@ -85,7 +86,7 @@ class ShardbenchPlanner(ShardingPlanner):
                                "sequence (EmbeddingCollection) tables, not both; plan this one with oracle='analytic'")
         self.instance = instance
         self.result = plan_instance(instance, oracle=self._oracle, budget=self._budget, solvers=self._solvers,
-                                    seed=self._seed)
+                                    seed=self._seed, gap=self._gap)
         if self.result.plan is None:
             reason = _why(self.result)
             if "ddr_cap" in reason and self._topology.compute_device == "cuda":  # the hint for host memory fired

@@ -121,12 +121,15 @@ def _priced(instance: Instance, oracle: Oracle, whole_tables: bool) -> Problem:
     return problem
 
 
-def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0) -> PortfolioResult:
+def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0,
+                  gap: float = 0.0) -> PortfolioResult:
     """Every member at once, each in its own process, on options priced once before they start. The budget
     runs from when the oracle is built (loading a library it wraps is start-up, not planning); a member
-    still running the promised wall time (less the parent's margin) after it started is killed."""
+    still running the promised wall time (less the parent's margin) after it started is killed. A member
+    of the problem as posed whose plan is proven optimal, or certified within `gap` of its bound, stops
+    the rest."""
     oracle = get_oracle(oracle_name)
-    clock = Budget(budget).begun()
+    clock = Budget(budget, gap=gap).begun()
     def why_not(name: str) -> str | None:
         return incompatibility(get_solver(name), oracle_is_additive(oracle_name), oracle_prices_tiers(oracle_name),
                                instance.uses_host_memory)
@@ -153,7 +156,8 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
 
     def proven(_: Outcome) -> bool:
         last = members[-1]
-        return last.posed and last.result is not None and last.result.status == Status.OPTIMAL
+        return last.posed and last.result is not None and (last.result.status == Status.OPTIMAL or (
+            last.result.plan is not None and clock.good_enough(last.result.objective, last.result.lower_bound)))
 
     stopped = run_isolated(jobs, len(jobs), finished, proven)
     wall = clock.elapsed()

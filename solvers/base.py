@@ -49,11 +49,13 @@ class Budget:
     """Wall-clock seconds (finite, > 0); `max_rounds` optionally caps a search's iterations so that its
     result depends on the seed alone and not on how fast the machine is. The clock runs from `started`
     (time.monotonic()), set when the run begins (`begun`), so that pricing the options and computing
-    bounds spend the same budget as the search."""
+    bounds spend the same budget as the search. `gap` lets a solver stop early once its plan is within
+    that fraction of a proven lower bound (0: only a proven optimum stops it)."""
 
     time_limit: float = 10.0
     max_rounds: int | None = None
     started: float | None = None
+    gap: float = 0.0
 
     def __post_init__(self):
         if isinstance(self.time_limit, bool) or not isinstance(self.time_limit, (int, float)) or \
@@ -62,6 +64,12 @@ class Budget:
                               f"got {self.time_limit!r}")
         if self.max_rounds is not None and (not isinstance(self.max_rounds, int) or self.max_rounds < 0):
             raise BudgetError(f"max rounds: must be a non-negative integer, got {self.max_rounds!r}")
+        if isinstance(self.gap, bool) or not isinstance(self.gap, (int, float)) or not 0 <= self.gap < 1:
+            raise BudgetError(f"gap: must be a fraction in [0, 1), got {self.gap!r}")
+
+    def good_enough(self, objective: float, bound: float | None) -> bool:
+        """Whether a plan of this objective is within the budget's gap of the bound (a proven optimum is)."""
+        return bound is not None and objective <= bound * (1 + max(self.gap, OPTIMALITY_TOLERANCE))
 
     def begun(self, at: float | None = None) -> "Budget":
         """The budget with its clock running from `at` (now by default); one already running keeps its start."""

@@ -21,7 +21,7 @@ MILP_BOUND_SLACK = 5e-6
 MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 
 
-def _highs_with_start(time_limit: float, use_start: bool):
+def _highs_with_start(time_limit: float, use_start: bool, gap: float):
     import highspy
     import pulp
 
@@ -38,7 +38,7 @@ def _highs_with_start(time_limit: float, use_start: bool):
             lp.solverModel.run()
             self.dual_bound = lp.solverModel.getInfo().mip_dual_bound
 
-    return HiGHSWithStart(msg=False, timeLimit=time_limit, gapRel=0.0, threads=1)
+    return HiGHSWithStart(msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
 
 
 _CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
@@ -55,9 +55,9 @@ class MilpRun:
 
 
 def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_limit: float, seed: int,
-              memory_room: float, use_start: bool) -> MilpRun:
+              memory_room: float, use_start: bool, gap: float) -> MilpRun:
     """Solves the model with costs in units of `unit` and every device's memory (in units of its
-    capacity) held to `memory_room`."""
+    capacity) held to `memory_room`, stopping at a relative `gap` to its bound (0: proven optimal)."""
     import pulp
 
     problem = pulp.LpProblem("plan", pulp.LpMinimize)
@@ -79,7 +79,7 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
             var.setInitialValue(value)
         makespan.setInitialValue(upper)
     if backend == "highs":
-        solver = _highs_with_start(time_limit, use_start)
+        solver = _highs_with_start(time_limit, use_start, gap)
         problem.solve(solver)
         raw_bound = solver.dual_bound
     else:
@@ -88,7 +88,7 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
             with warnings.catch_warnings():
                 # PuLP 3.3 flags its bundled CBC for removal in 4.0; pyproject keeps PuLP below 3.4.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=0.0, warmStart=use_start,
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=use_start,
                                            threads=1, logPath=str(log), options=[f"randomSeed {seed + 1}"])
             problem.solve(solver)
             text = log.read_text() if log.exists() else ""
@@ -132,7 +132,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     def remaining() -> float:
         return max(0.1, budget.remaining())
 
-    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start)
+    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start, budget.gap)
     stats = {"backend": backend, **run.stats}
     if run.infeasible and not use_start:
         return infeasible(f"{backend} proved that no plan over the enumerated options fits the memory capacity")
@@ -149,7 +149,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
             failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
             retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
                               1.0 - 2.0 * max(float((over / np.maximum(capacity, 1)).max()), MILP_FEASIBILITY_TOLERANCE),
-                              use_start)
+                              use_start, budget.gap)
             stats["retry_status"] = retry.stats["solution_status"]
             found = decode(candidates, model, retry.values) if retry.values is not None else None
             if found is not None and overflow(found).max() > 0:

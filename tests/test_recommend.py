@@ -156,6 +156,12 @@ def test_the_portfolio_prices_the_options_once_before_its_members_start(tmp_path
     assert set(log.read_text().split()) == {str(os.getpid())}  # the members forked afterwards priced nothing
 
 
+def test_a_plan_certified_within_the_gap_stops_the_portfolio():
+    instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
+    result = run_portfolio(instance, "analytic", 60.0, ["split-greedy", "local-search"], gap=0.5)
+    assert result.stopped_early and result.plan is not None and result.gap <= 0.5
+
+
 def test_whole_table_bounds_do_not_bound_a_split_plan():
     instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
     result = run_portfolio(instance, "lookup", 1.0, ["split-greedy"])
@@ -181,6 +187,17 @@ def test_bad_questions_fail_in_one_line(tmp_path, capsys, argv, needle):
         assert main([*command, *argv]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0]
+        assert not (tmp_path / "p.json").exists()
+
+
+@pytest.mark.parametrize("gap", ["100", "-1", "x"])
+def test_a_gap_outside_0_to_99_percent_is_refused(tmp_path, capsys, gap):
+    path = tmp_path / "i.json"
+    save_instance(make_instance([(10, 4, 1.0)], 2, 10**6), path)
+    for command in (["plan", str(path), "-o", str(tmp_path / "p.json")], ["solve", str(path), "--solver", "lpt"]):
+        assert main([*command, "--gap", gap]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "--gap" in err[0]
         assert not (tmp_path / "p.json").exists()
 
 

@@ -11,6 +11,7 @@ from test_costmodels import SquareRootOracle
 from costmodels import get_oracle
 from solvers import (
     Budget,
+    BudgetError,
     Cause,
     Problem,
     SolverOracleMismatch,
@@ -145,6 +146,11 @@ def test_a_budget_runs_from_when_it_begins():
     assert begun.deadline() == 105.0 and begun.share(0.2) == 101.0
     assert begun.begun() is begun  # a running clock is never restarted
     assert Budget(5.0).begun().remaining() <= 5.0
+    assert Budget(5.0, gap=0.01).good_enough(101.0, 100.0) and not Budget(5.0, gap=0.01).good_enough(101.5, 100.0)
+    assert Budget(5.0).good_enough(100.0, 100.0) and not Budget(5.0).good_enough(100.0, None)
+    for bad in (1.0, -0.1, float("nan"), True):
+        with pytest.raises(BudgetError, match="gap"):
+            Budget(5.0, gap=bad)
 
 
 @pytest.mark.parametrize("name", ["local-search", "cpsat", "milp-highs", "split-greedy"])
