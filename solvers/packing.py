@@ -58,6 +58,8 @@ def _best_fit(assembly: Assembly, option: int, limit: float, capacity: np.ndarra
     members = assembly.c.members(option)
     costs = assembly.c.priced.costs
     loads, free = assembly.costs().copy(), assembly.free.copy()
+    # Cost shares of the target (of the busiest device where the target is unbounded or zero).
+    scale = limit if 0 < limit < np.inf else max(float(loads.max()) + float(costs[members].sum()), 1e-300)
     devices = np.empty(members.size, dtype=np.int64)
     for i, piece in enumerate(members):
         need = assembly.memory[piece]
@@ -65,7 +67,7 @@ def _best_fit(assembly: Assembly, option: int, limit: float, capacity: np.ndarra
         fits = np.flatnonzero((after <= limit) & (free >= need).all(axis=1))
         if fits.size == 0:
             return None
-        score = after[fits] / limit
+        score = after[fits] / scale
         if fit == "cost+memory":
             score = score + (1 - free[fits][:, has] / capacity[has]).sum(axis=1)
         d = int(fits[np.argmax(score)])
