@@ -57,8 +57,14 @@ def best_additive_lower_bound(costs: np.ndarray, num_devices: int) -> float:
 
 
 def option_bounds(candidates: Candidates) -> dict[str, float]:
-    """The combinatorial bounds over the candidates' live options (cheap: no LP); none when some table has
-    no option that fits (then no plan does)."""
+    """The combinatorial bounds over the candidates' live options (cheap: no LP; computed once per
+    candidates); none when some table has no option that fits (then no plan does)."""
+    if "option_bounds" not in candidates.memo:
+        candidates.memo["option_bounds"] = _option_bounds(candidates)
+    return dict(candidates.memo["option_bounds"])
+
+
+def _option_bounds(candidates: Candidates) -> dict[str, float]:
     if any(ids.size == 0 for ids in candidates.by_table):
         return {}
     k = candidates.num_devices
