@@ -3,6 +3,7 @@ options (table-wise alone is the special case with one option per table):
 - average: every table does at least its cheapest option's work, and some device carries the average;
 - largest piece: every table puts at least its smallest-possible largest piece on some device;
 - pigeonhole: among the m·K + 1 tables with the largest such pieces, some device holds m + 1 of them;
+- packing: bin packing by bisection on the target makespan T (see `packing_bound`);
 - LP: the relaxation of the option choice (fractional options) with the average, largest-piece, total
   memory and — where the model is small enough — per-device constraints of pinned options; and, per
   table, its largest piece plus the least every other table's pinned option puts on any device (both
@@ -14,6 +15,9 @@ import numpy as np
 from .candidates import Candidates
 
 LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-device rows of pinned options
+PACKING_STEPS = 30                  # bisection steps of the packing bound (its precision: 2^-30 of its bracket)
+PACKING_EPSILONS = (0.1, 0.2, 0.3, 0.4)  # the dual feasible functions U^ε the packing bound tries besides x
+MANY_PIECES = 16                    # options with more pieces are valued from their total alone (below)
 
 
 def gap_to_bound(objective: float, bound: float) -> float:
@@ -53,15 +57,85 @@ def best_additive_lower_bound(costs: np.ndarray, num_devices: int) -> float:
 
 
 def option_bounds(candidates: Candidates) -> dict[str, float]:
-    """The combinatorial bounds over the candidates' live options (cheap: no LP); none when some table has
-    no option that fits (then no plan does)."""
+    """The combinatorial bounds over the candidates' live options (cheap: no LP; computed once per
+    candidates); none when some table has no option that fits (then no plan does)."""
+    if "option_bounds" not in candidates.memo:
+        candidates.memo["option_bounds"] = _option_bounds(candidates)
+    return dict(candidates.memo["option_bounds"])
+
+
+def _option_bounds(candidates: Candidates) -> dict[str, float]:
     if any(ids.size == 0 for ids in candidates.by_table):
         return {}
     k = candidates.num_devices
     cheapest = np.array([candidates.work[ids].min() for ids in candidates.by_table])
     smallest_largest = np.array([candidates.biggest[ids].min() for ids in candidates.by_table])
-    return {"average": float(max(cheapest.sum() / k, smallest_largest.max(initial=0.0))),
-            "pigeonhole": pigeonhole_bound(smallest_largest, k)}
+    bounds = {"average": float(max(cheapest.sum() / k, smallest_largest.max(initial=0.0))),
+              "pigeonhole": pigeonhole_bound(smallest_largest, k)}
+    bounds["packing"] = packing_bound(candidates, max(bounds.values()))
+    return bounds
+
+
+def packing_bound(candidates: Candidates, low: float) -> float:
+    """The largest target T proven below the optimum, at least `low` (a valid bound), by bisection.
+
+    At a target T every device carries pieces of costs x_i·T with Σ x_i ≤ 1, so no option with a piece
+    above T can be chosen, and for any dual feasible function f (Σ x_i ≤ 1 ⇒ Σ f(x_i) ≤ 1) each device
+    has Σ f(x_i) ≤ 1 over its pieces, pinned ones included. Each memory tier that may bind gives the same
+    with x_i = bytes / capacity and f the identity, and so does any convex combination λ·(cost) +
+    (1 − λ)·(memory). Summing over devices: if Σ_tables min over the options that stay below T of
+    Σ_pieces value > K, no plan reaches T. The functions: the identity and U^ε (1 above 1 − ε, 0 below ε,
+    x between); an option with more than MANY_PIECES pieces is valued max(0, Σx − n·ε) ≤ Σ U^ε(x_i)
+    (every piece loses at most ε), which keeps the bound cheap where row-wise and data-parallel options
+    have a piece per device. Infeasibility is monotone in T (U^ε is non-decreasing), so bisection holds."""
+    k = candidates.num_devices
+    live = np.flatnonzero(candidates.live)
+    if live.size == 0 or low <= 0:
+        return low
+    table_of = np.array([candidates.options.options[o].table for o in live])
+    table_starts = np.flatnonzero(np.r_[True, table_of[1:] != table_of[:-1]])
+    parts = np.array([candidates.options.options[o].parts for o in live])
+    few = parts <= MANY_PIECES
+    few_pieces = np.concatenate([candidates.members(int(o)) for o in live[few]]) if few.any() else np.zeros(0, int)
+    few_first = np.r_[0, np.cumsum(parts[few])[:-1]]
+    piece_costs = candidates.priced.costs[few_pieces]
+    work, biggest = candidates.work[live], candidates.biggest[live]
+    capacity = candidates.instance.topology.capacity.as_array().astype(float)
+    memory = [candidates.total_storage[live, tier] / capacity[tier] for tier in candidates.binding_tiers]
+
+    def cost_values(target: float, epsilon: float | None) -> np.ndarray:
+        if epsilon is None:
+            return work / target
+        values = np.maximum(0.0, work / target - parts * epsilon)
+        x = piece_costs / target
+        u = np.where(x > 1 - epsilon, 1.0, np.where(x < epsilon, 0.0, x))
+        values[few] = np.add.reduceat(u, few_first) if few_first.size else values[few]
+        return values
+
+    def unreachable(target: float) -> bool:
+        allowed = biggest <= target
+        for epsilon in (None, *PACKING_EPSILONS):
+            cost = cost_values(target, epsilon)
+            for value in [cost, *(0.5 * cost + 0.5 * m for m in memory)]:
+                per_table = np.minimum.reduceat(np.where(allowed, value, np.inf), table_starts)
+                if per_table.sum() > k * (1 + 1e-9):
+                    return True
+        return False
+
+    high = 2 * low
+    for _ in range(PACKING_STEPS):
+        if not unreachable(high):
+            break
+        low, high = high, 2 * high
+    else:
+        return low
+    for _ in range(PACKING_STEPS):
+        middle = (low + high) / 2
+        if unreachable(middle):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def best_option_bound(candidates: Candidates) -> float:

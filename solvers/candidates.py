@@ -71,6 +71,7 @@ class Candidates:
     priced: Priced
     live: np.ndarray                    # per option
     pruned: dict[str, int] = field(default_factory=dict)
+    memo: dict = field(default_factory=dict)  # what pure functions of the candidates (the bounds) computed once
 
     @classmethod
     def build(cls, instance: Instance, oracle: Oracle) -> "Candidates":

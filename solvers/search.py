@@ -31,6 +31,7 @@ from .base import (
 from .baselines import random_assignment
 from .bounds import best_option_bound
 from .candidates import Candidates, Problem
+from .packing import packed
 
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
 OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
@@ -217,12 +218,14 @@ def option_weight(candidates: Candidates) -> np.ndarray:
 LEVEL_STEPS = 8  # bisection steps on the level below which pieces must stay
 
 
-def split_greedy(candidates: Candidates, splits: bool = True) -> Assembly | Stuck:
+def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | None = None) -> Assembly | Stuck:
     """The split-aware greedy. For a level L, every table takes its lightest option whose largest piece
     stays below L (whole tables where they are small enough, splits only where they must), and the
     chosen options are placed LPT-style under the three orders; L is bisected between the lower bound
-    and the plan that splits nothing it need not. The best plan then descends on option changes of the
-    tables on the busiest device while that lowers it. With one option per table it is `best-greedy`."""
+    and the plan that splits nothing it need not. Under an additive oracle, best-fit packing at a
+    bisected target (solvers.packing) then tries to beat that plan until `deadline`. The best plan then
+    descends on option changes of the tables on the busiest device while that lowers it. With one option
+    per table it is `best-greedy`."""
     for table, ids in enumerate(candidates.by_table):
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
             o = next(o for o, option in enumerate(candidates.options.options) if option.table == table)
@@ -255,6 +258,8 @@ def split_greedy(candidates: Candidates, splits: bool = True) -> Assembly | Stuc
                 high = level
             else:
                 low = level
+        if candidates.priced.additive:
+            best = packed(candidates, target_bound(candidates), best, weight, deadline)
         if best is not None:
             _descend_on_options(best)
     return best if best is not None else stuck
@@ -288,7 +293,7 @@ def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
 def searched(problem: Problem, budget: Budget, seed: int, deadline: float) -> tuple[Assembly | None, SolveResult | None, dict]:
     """Split-greedy, then iterated local search until `deadline`: the assembly, or the dead end."""
     candidates = problem.candidates
-    start = split_greedy(candidates, problem.splits)
+    start = split_greedy(candidates, problem.splits, deadline)
     if isinstance(start, Stuck):
         return None, stuck_result(candidates, start), {}
     stats = improve(start, deadline, seed, budget.max_rounds, problem.splits, target_bound(candidates))
@@ -299,7 +304,7 @@ def searched(problem: Problem, budget: Budget, seed: int, deadline: float) -> tu
           "(bisected down from the plan that splits nothing it need not), pieces placed LPT where they cost least; "
           "then tables on the busiest device change option while that lowers it; any oracle", splits=True)
 def split_greedy_solver(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    result = split_greedy(problem.candidates, problem.splits)
+    result = split_greedy(problem.candidates, problem.splits, budget.deadline())
     if isinstance(result, Stuck):
         return stuck_result(problem.candidates, result)
     return SolveResult(Status.FEASIBLE, plan=result.plan())
