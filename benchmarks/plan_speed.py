@@ -7,7 +7,6 @@ Writes the records (JSON lines) and a page.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -17,17 +16,16 @@ import numpy as np
 
 from costmodels import get_oracle
 from instances import load_instances
-from instances.io import write_text_atomic
+from instances import InstanceError
+from instances.io import check_output_path, write_text_atomic
 from interop.common import load_torchrec
 from interop.peer import plan_with_torchrec
 from shardbench.api import plan as shardbench_plan
+from shardbench.args import EXIT_ERROR, GAP_PERCENT, POSITIVE, TIME_LIMIT, Parser
 from solvers.base import wall_limit
 
 from .environment import environment
-from .suite import PAGES
-
-STORE = Path(__file__).parent / "results" / "plan-speed-80x8.jsonl"
-
+from .suite import PAGES, STORES
 
 def measure(instance, budget: float, gap: float = 0.0) -> dict:
     """One instance: TorchRec's planner, then `plan` at `budget` (stopping once certified within `gap`),
@@ -81,19 +79,29 @@ def page(records: list[dict], source: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.plan_speed", description=__doc__.splitlines()[0])
+    parser = Parser(prog="python -m benchmarks.plan_speed", description=__doc__.splitlines()[0])
     parser.add_argument("instances", help="an instance set folder")
-    parser.add_argument("--budget", type=float, default=1.0, help="plan's budget, seconds (default: 1)")
-    parser.add_argument("--gap", type=float, default=0.0, help="plan's --gap, percent (default: 0)")
-    parser.add_argument("--limit", type=int, default=None, help="only the first N instances (default: all)")
-    parser.add_argument("--store", type=Path, default=STORE, help=f"records written here (default: {STORE})")
-    parser.add_argument("-o", "--output", type=Path, default=PAGES / "plan-speed-80x8.md",
-                        help="the page (default: docs/results/plan-speed-80x8.md)")
+    parser.add_argument("--budget", type=TIME_LIMIT, default=1.0, help="plan's budget, seconds")
+    parser.add_argument("--gap", type=GAP_PERCENT, default=0.0, help="plan's --gap, percent")
+    parser.add_argument("--limit", type=POSITIVE, default=None, help="only the first N instances (default: all)")
+    parser.add_argument("--store", type=Path, help="records written here (default: "
+                        "benchmarks/results/plan-speed-SET.jsonl, SET the folder's name)")
+    parser.add_argument("-o", "--output", type=Path, help="the page (default: docs/results/plan-speed-SET.md)")
     args = parser.parse_args(argv)
+    name = Path(args.instances).name
+    store = args.store or STORES / f"plan-speed-{name}.jsonl"
+    output = args.output or PAGES / f"plan-speed-{name}.md"
+    try:
+        instances = load_instances(args.instances)[:args.limit]
+        for path in (store, output):
+            check_output_path(path, "--store" if path == store else "--output")
+    except (InstanceError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     load_torchrec()
-    records = [measure(instance, args.budget, args.gap / 100) for instance in load_instances(args.instances)[:args.limit]]
-    write_text_atomic(args.store, "".join(json.dumps(r) + "\n" for r in records))
-    write_text_atomic(args.output, page(records, args.instances))
+    records = [measure(instance, args.budget, args.gap / 100) for instance in instances]
+    write_text_atomic(store, "".join(json.dumps(r) + "\n" for r in records))
+    write_text_atomic(output, page(records, args.instances))
     print(page(records, args.instances))
     return 0
 

@@ -274,9 +274,10 @@ def _distinct(*columns: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     code = np.zeros(len(columns[0]), dtype=np.int64)
     for column in columns:
         values, inverse = np.unique(column, return_inverse=True)
-        code = code * len(values) + inverse
+        # Renumbered densely after each column, a code stays below the row count: no product can overflow.
+        code = np.unique(code * len(values) + inverse.reshape(-1), return_inverse=True)[1].reshape(-1)
     _, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-    return first, inverse
+    return first, inverse.reshape(-1)
 
 
 def _penalty(s: Setting, width: np.ndarray) -> np.ndarray:

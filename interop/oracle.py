@@ -11,7 +11,8 @@ import numpy as np
 from costmodels.base import AdditiveOracle, AdditivePriced, Priced
 from instances import Instance, InstanceError, Table
 from instances.kernels import KERNELS
-from instances.model import SHARDING_TYPES
+from instances.model import SHARDING_TYPES, is_column_cut
+from instances.sharding import column_cuts, row_cuts
 from instances.pieces import Pieces
 
 from . import formulas
@@ -44,30 +45,40 @@ class _Estimates:
         return tables[pieces.table] & kernels[pieces.kernel]
 
 
+def _torchrec_cuts(instance: Instance, table: Table, kind: str, width: int) -> set[tuple[int, int, int, int]] | None:
+    """TorchRec's cuts of `table` as `kind` (column blocks of `width`) as (row start, row end, col start,
+    col end), by instances.sharding's rules; None when TorchRec does not cut it so."""
+    whole_rows, whole_cols = (0, table.rows), (0, table.dim)
+    if kind in ("table_wise", "data_parallel"):
+        return {(*whole_rows, *whole_cols)}
+    if kind == "column_wise":
+        parts = table.dim // width if width else 0
+        if parts * width != table.dim or not is_column_cut(table.dim, parts):
+            return None
+        return {(*whole_rows, *cols) for cols in column_cuts(table.dim, parts)}
+    parts = instance.num_devices if kind == "row_wise" else instance.topology.devices_per_node
+    return {(*rows, *whole_cols) for rows in row_cuts(table.rows, parts)}
+
+
 def _check_cuts(instance: Instance, pieces: Pieces) -> None:
-    """Refuses a piece that is not one of TorchRec's cuts of its table (instances.sharding's row_cuts and
-    column_cuts, which follow TorchRec's): whole tables for table-wise and data-parallel, equal column
-    blocks, row blocks of ceil(rows / parts) over all devices (row-wise) or a node's (table-row-wise)."""
-    rows = np.array([t.rows for t in instance.tables], dtype=np.int64)[pieces.table]
-    dim = np.array([t.dim for t in instance.tables], dtype=np.int64)[pieces.table]
-    rs, re, cs, ce, width = pieces.row_start, pieces.row_end, pieces.col_start, pieces.col_end, pieces.width
-    whole_rows, whole_cols = (rs == 0) & (re == rows), (cs == 0) & (ce == dim)
-    ok = whole_rows & whole_cols
-    column = pieces.is_kind("column_wise")
-    block = dim[column] // np.maximum(dim[column] // np.maximum(width[column], 1), 1)
-    ok[column] = whole_rows[column] & (width[column] == block) & (cs[column] % block == 0) & (ce[column] <= dim[column])
-    for kind, parts in (("row_wise", instance.num_devices), ("table_row_wise", instance.topology.devices_per_node)):
-        m = pieces.is_kind(kind)
-        r, s, e = rows[m], rs[m], re[m]
-        block = -(-r // parts)
-        full = r // block
-        starts_a_block = (s % block == 0) & (s // block <= full) & (s // block < parts)
-        ok[m] = whole_cols[m] & (e == np.minimum(s + block, r)) & (starts_a_block | ((s == r) & (full + 1 < parts)))
-    if not ok.all():
-        p = int(np.flatnonzero(~ok)[0])
-        raise InstanceError(f"table {instance.tables[pieces.table[p]].name}",
-                            f"a {SHARDING_TYPES[pieces.kind[p]]} shard at rows {rs[p]}..{re[p]}, cols {cs[p]}..{ce[p]} "
-                            "is not one TorchRec cuts: the torchrec oracle prices TorchRec's own cuts")
+    """Refuses a piece that is not one of TorchRec's cuts of its table (whole tables for table-wise and
+    data-parallel, equal column blocks, row blocks over all devices or a node's)."""
+    groups, inverse = np.unique(np.stack([pieces.table, pieces.kind, pieces.width], axis=1), axis=0,
+                                return_inverse=True)
+    inverse = inverse.reshape(-1)
+    order = np.argsort(inverse, kind="stable")
+    starts = np.searchsorted(inverse[order], np.arange(len(groups)))
+    shards = np.stack([pieces.row_start, pieces.row_end, pieces.col_start, pieces.col_end], axis=1)
+    for (t, kind, width), members in zip(groups.tolist(), np.split(order, starts[1:])):
+        cuts = _torchrec_cuts(instance, instance.tables[t], SHARDING_TYPES[kind], width)
+        bad = [p for p, shard in zip(members.tolist(), map(tuple, shards[members].tolist()))
+               if cuts is None or shard not in cuts]
+        if bad:
+            p = bad[0]
+            raise InstanceError(f"table {instance.tables[t].name}",
+                                f"a {SHARDING_TYPES[kind]} shard at rows {shards[p, 0]}..{shards[p, 1]}, cols "
+                                f"{shards[p, 2]}..{shards[p, 3]} is not one TorchRec cuts: the torchrec oracle prices "
+                                "TorchRec's own cuts")
 
 
 class TorchRecOracle(AdditiveOracle):
@@ -129,8 +140,6 @@ class TorchRecOracle(AdditiveOracle):
         from torchrec.distributed.planner.enumerators import get_partition_by_type
         from torchrec.distributed.planner.types import Shard as TorchRecShard
         from torchrec.distributed.types import CacheParams
-
-        from instances.sharding import column_cuts, row_cuts
 
         k, per_node = instance.num_devices, instance.topology.devices_per_node
         if kind == "column_wise":

@@ -228,12 +228,14 @@ def _cmd_solve(args: argparse.Namespace) -> int:
         check_output_path(args.output, "-o")
     instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
     oracle = get_oracle(args.oracle)
-    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed)
+    problem = Problem(instance, oracle)  # priced once: by the solver, then asked for the bounds printed below
+    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed,
+                        problem=problem)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
           f"{result.status.value}")
     if result.reason:
         print(f"  {result.reason}")
-    bounds = option_bounds(Problem(instance, oracle).candidates) if oracle.additive else {}
+    bounds = option_bounds(problem.candidates) if oracle.additive else {}
     if result.lower_bound is not None:
         bounds["best"] = result.lower_bound
     if bounds:
@@ -325,7 +327,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
     result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed, gap=args.gap / 100)
     print(f"  options priced once in {result.pricing_s:.2f} s" + (
-        ", past the budget: the members returned their first plans" if result.pricing_s >= args.budget else ""))
+        ", past the budget: each member had its first plan's time alone" if result.pricing_s >= args.budget else ""))
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))

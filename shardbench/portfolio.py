@@ -20,6 +20,12 @@ from .isolation import Job, Outcome, run_isolated
 # validating the chosen plan.
 PARENT_MARGIN_S = 0.5
 
+
+def first_plan_allowance(budget: float) -> float:
+    """What a member is given, whatever pricing took, to build its first plan: when pricing alone runs
+    past the promised wall time, a late plan is worth more than none."""
+    return 1.0 + 0.5 * budget
+
 SAFETY_NET = "best-greedy"  # always in the portfolio: the plan is never worse than its
 
 
@@ -125,7 +131,8 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
                   gap: float = 0.0) -> PortfolioResult:
     """Every member at once, each in its own process, on options priced once before they start. The budget
     runs from when the oracle is built (loading a library it wraps is start-up, not planning); a member
-    still running the promised wall time (less the parent's margin) after it started is killed. A member
+    still running when the promised wall time (less the parent's margin) is up is killed, or, when pricing
+    took the budget, once it has had `first_plan_allowance` to build a first plan. A member
     of the problem as posed whose plan is proven optimal, or certified within `gap` of its bound, stops
     the rest."""
     oracle = get_oracle(oracle_name)
@@ -140,8 +147,8 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
     posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
     problem = _priced(instance, oracle, any(not get_solver(name).splits for name in names))
     pricing = clock.elapsed()
-    jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), wall_limit(budget) - PARENT_MARGIN_S)
-            for name in names]
+    kill = max(wall_limit(budget) - PARENT_MARGIN_S - pricing, first_plan_allowance(budget))
+    jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), kill) for name in names]
     members: list[Member] = []
 
     def finished(outcome: Outcome) -> None:

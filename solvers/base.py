@@ -67,6 +67,12 @@ class Budget:
         if isinstance(self.gap, bool) or not isinstance(self.gap, (int, float)) or not 0 <= self.gap < 1:
             raise BudgetError(f"gap: must be a fraction in [0, 1), got {self.gap!r}")
 
+    @property
+    def backend_gap(self) -> float:
+        """The gap as MIP backends measure it ((plan − bound) / plan), kept a little inside ours
+        (plan / bound − 1) so that their rounding and bound slack still certify within it."""
+        return self.gap / (1 + self.gap) * 0.99
+
     def good_enough(self, objective: float, bound: float | None) -> bool:
         """Whether a plan of this objective is within the budget's gap of the bound (a proven optimum is)."""
         return bound is not None and objective <= bound * (1 + max(self.gap, OPTIMALITY_TOLERANCE))

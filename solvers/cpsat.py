@@ -88,7 +88,7 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         cp.AddHint(makespan, upper)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.05, budget.remaining())
-    solver.parameters.relative_gap_limit = budget.gap
+    solver.parameters.relative_gap_limit = budget.backend_gap
     solver.parameters.num_workers = workers or os.cpu_count() or 1
     solver.parameters.random_seed = seed
     if len(variables) > 20000:

@@ -54,9 +54,10 @@ class ExactStart:
     def objective(self) -> float:
         return self.assembly.objective() if self.assembly is not None else np.inf
 
-    def proven(self) -> bool:
-        """The heuristic plan already meets the bound: nothing is left for the model to prove."""
-        return self.objective() <= self.lower_bound * (1 + OPTIMALITY_TOLERANCE)
+    def proven(self, gap: float = 0.0) -> bool:
+        """The heuristic plan already meets the bound (or comes within `gap` of it): nothing is left for
+        the model to do."""
+        return self.objective() <= self.lower_bound * (1 + max(gap, OPTIMALITY_TOLERANCE))
 
 
 def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
@@ -66,7 +67,7 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
     deadline = budget.share(SPLIT_HEURISTIC_SHARE if problem.splits else HEURISTIC_SHARE)
-    assembly, failure, _ = searched(problem, budget, seed, deadline)
+    assembly, failure, _ = searched(problem, budget, seed, deadline, bound)
     return ExactStart(assembly, bound, failure)
 
 
@@ -315,9 +316,10 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
 def prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:
     """The start, and a finished result where the model need not (or cannot) run."""
     start = exact_start(problem, budget, seed)
-    if start.proven():
-        return start, finish(problem, None, start.lower_bound, start,
-                              {"backend": backend, "note": "the heuristic start meets the lower bound"})
+    if start.proven(budget.gap):
+        return start, finish(problem, None, start.lower_bound, start, {
+            "backend": backend, "note": "the heuristic start meets the lower bound" if start.proven() else
+            f"the heuristic start is within the requested gap ({budget.gap:.4%}) of the lower bound"})
     return start, None
 
 

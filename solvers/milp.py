@@ -95,8 +95,11 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
         # CBC's summary prints "Lower bound" rounded to 3 decimals, which can round *up* past the truth;
         # its progress lines carry "best possible" to 7 significant digits (covered by MILP_BOUND_SLACK).
         progress = _CBC_BEST_POSSIBLE.findall(text)
-        if problem.sol_status == pulp.LpSolutionOptimal:
+        if problem.sol_status == pulp.LpSolutionOptimal and gap == 0:
             raw_bound = makespan.varValue
+        elif problem.sol_status == pulp.LpSolutionOptimal and not progress:
+            # CBC calls a solution within gapRel "optimal": its stopping rule is what proves the bound.
+            raw_bound = makespan.varValue * (1 - gap)
         else:
             raw_bound = float(progress[-1]) if progress else None
     stats = {"pulp_status": pulp.LpStatus[problem.status], "solution_status": pulp.LpSolution[problem.sol_status],
@@ -132,7 +135,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     def remaining() -> float:
         return max(0.1, budget.remaining())
 
-    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start, budget.gap)
+    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start, budget.backend_gap)
     stats = {"backend": backend, **run.stats}
     if run.infeasible and not use_start:
         return infeasible(f"{backend} proved that no plan over the enumerated options fits the memory capacity")
@@ -149,7 +152,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
             failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
             retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
                               1.0 - 2.0 * max(float((over / np.maximum(capacity, 1)).max()), MILP_FEASIBILITY_TOLERANCE),
-                              use_start, budget.gap)
+                              use_start, budget.backend_gap)
             stats["retry_status"] = retry.stats["solution_status"]
             found = decode(candidates, model, retry.values) if retry.values is not None else None
             if found is not None and overflow(found).max() > 0:

@@ -224,8 +224,9 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
     chosen options are placed LPT-style under the three orders; L is bisected between the lower bound
     and the plan that splits nothing it need not. Under an additive oracle, best-fit packing at a
     bisected target (solvers.packing) then tries to beat that plan until `deadline`. The best plan then
-    descends on option changes of the tables on the busiest device while that lowers it. With one option
-    per table it is `best-greedy`."""
+    descends on option changes of the tables on the busiest device while that lowers it. Past `deadline`
+    each stage returns what it has (the first plan is always built). With one option per table it is
+    `best-greedy`."""
     for table, ids in enumerate(candidates.by_table):
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
             o = next(o for o, option in enumerate(candidates.options.options) if option.table == table)
@@ -248,7 +249,7 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
     if splits and best is not None:
         low, high = target_bound(candidates), best.objective()
         for _ in range(LEVEL_STEPS):
-            if high <= low * (1 + 1e-6):
+            if high <= low * (1 + 1e-6) or _past(deadline):
                 break
             level = (low + high) / 2
             trial, _ = build(level, "cost")
@@ -261,13 +262,17 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
         if candidates.priced.additive:
             best = packed(candidates, target_bound(candidates), best, weight, deadline)
         if best is not None:
-            _descend_on_options(best)
+            _descend_on_options(best, deadline)
     return best if best is not None else stuck
 
 
-def _descend_on_options(assembly: Assembly) -> None:
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> None:
     search = _Search(assembly, splits=True)
-    while True:
+    while not _past(deadline):
         costs = assembly.costs()
         top = int(np.argmax(costs))
         step, value = None, costs[top] * (1 - RELATIVE_STEP)
@@ -290,13 +295,16 @@ def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
         no_plan=NoPlan(Cause.DEAD_END, table=table, need=stuck.need, most_free=stuck.most_free, tier=stuck.tier))
 
 
-def searched(problem: Problem, budget: Budget, seed: int, deadline: float) -> tuple[Assembly | None, SolveResult | None, dict]:
-    """Split-greedy, then iterated local search until `deadline`: the assembly, or the dead end."""
+def searched(problem: Problem, budget: Budget, seed: int, deadline: float,
+             bound: float | None = None) -> tuple[Assembly | None, SolveResult | None, dict]:
+    """Split-greedy, then iterated local search until `deadline`, or until the plan is within the budget's
+    gap of `bound` (default: the candidates' combinatorial bounds): the assembly, or the dead end."""
     candidates = problem.candidates
     start = split_greedy(candidates, problem.splits, deadline)
     if isinstance(start, Stuck):
         return None, stuck_result(candidates, start), {}
-    stats = improve(start, deadline, seed, budget.max_rounds, problem.splits, target_bound(candidates))
+    bound = target_bound(candidates) if bound is None else bound
+    stats = improve(start, deadline, seed, budget.max_rounds, problem.splits, bound * (1 + budget.gap))
     return start, None, stats
 
 

@@ -54,8 +54,8 @@ def _assert_formulas_equal_torchrec(monkeypatch, instance: Instance, pieces: Pie
     ours = oracle.bind(instance, pieces)
     assert oracle._estimates(instance).covered(pieces).all()
     theirs = _by_torchrec(monkeypatch, instance, pieces)
-    np.testing.assert_allclose(ours.breakdown, theirs.breakdown, rtol=1e-9, atol=0)
-    np.testing.assert_allclose(ours.storage, theirs.storage, rtol=1e-9, atol=0)
+    np.testing.assert_array_equal(ours.breakdown, theirs.breakdown)  # to the bit, as measured
+    np.testing.assert_array_equal(ours.storage, theirs.storage)
     assert ours.breakdown.shape == (len(pieces), 4) and ours.storage.dtype == np.int64
 
 

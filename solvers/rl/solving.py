@@ -40,5 +40,6 @@ def solve_with_policy(algorithm: str, polish: bool, problem: Problem, budget: Bu
     assembly = Assembly(candidates)
     for table, device in enumerate(result.plan.assignment):
         assembly.put(int(candidates.by_table[table][0]), np.array([device]))
-    stats = improve(assembly, budget.deadline(), seed, budget.max_rounds, False, target_bound(candidates))
+    stats = improve(assembly, budget.deadline(), seed, budget.max_rounds, False,
+                    target_bound(candidates) * (1 + budget.gap))
     return SolveResult(Status.FEASIBLE, plan=assembly.plan(), stats=stats)
