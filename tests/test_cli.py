@@ -106,7 +106,10 @@ def test_plan_says_types_scope_and_the_problem_each_member_solved(tmp_path, caps
     lines = capsys.readouterr().out.splitlines()
     members = {line.split()[0]: line for line in lines if line.startswith("  ") and " s  " in line}
     assert "(as posed)" in members["split-greedy"] and "<- kept" in members["split-greedy"]
-    assert "(whole tables only)" in members["best-greedy"] and "<- kept" not in members["best-greedy"]
+    if "best-greedy" in members:
+        assert "(whole tables only)" in members["best-greedy"] and "<- kept" not in members["best-greedy"]
+    else:  # split-greedy's plan met the bound first and stopped it
+        assert "  a proven optimum stopped the others" in lines
     report = json.loads(out.read_text())["report"]
     types = ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in report["sharding_type_counts"].items())
     assert f"  sharding types: {types}" in lines and sum(report["sharding_type_counts"].values()) == 7
