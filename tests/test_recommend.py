@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -235,3 +236,23 @@ def test_the_shipped_rules_load_and_answer_for_every_oracle_kind():
         features = workload_features(instance, oracle, 5.0)
         portfolio = rules.portfolio(features)
         assert portfolio and all(applicable(s, features) for s in portfolio)
+
+
+def test_members_still_plan_when_pricing_took_the_whole_budget(tmp_path, monkeypatch, capsys):
+    # Pricing that outlasts the promised wall time must not leave the members no time at all: each gets
+    # its first-plan allowance, and plan says that pricing ran past the budget.
+    import shardbench.portfolio as portfolio
+
+    priced = portfolio._priced
+
+    def slow(*args):
+        time.sleep(3.0)
+        return priced(*args)
+
+    monkeypatch.setattr(portfolio, "_priced", slow)
+    path = tmp_path / "i.json"
+    save_instance(make_instance([(10, 4, 1.0), (20, 4, 2.0), (30, 4, 3.0)], 2, 10**6), path)
+    assert main(["plan", str(path), "--oracle", "lookup", "--budget", "0.5", "--solvers", "lpt",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "past the budget" in out and (tmp_path / "p.json").exists()
