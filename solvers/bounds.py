@@ -18,6 +18,10 @@ LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-devic
 PACKING_STEPS = 30                  # bisection steps of the packing bound (its precision: 2^-30 of its bracket)
 PACKING_EPSILONS = (0.1, 0.2, 0.3, 0.4)  # the dual feasible functions U^ε the packing bound tries besides x
 MANY_PIECES = 16                    # options with more pieces are valued from their total alone (below)
+# Weights λ of cost against memory the packing bound tries (λ·cost + (1 − λ)·memory): which weight proves
+# the most depends on how dearly an oracle prices the bytes a table moves out of HBM, so one fixed 0.5
+# left the bound at half the LP's where TorchRec's estimator prices host memory.
+PACKING_MIXES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
 
 
 def gap_to_bound(objective: float, bound: float) -> float:
@@ -76,14 +80,14 @@ def _option_bounds(candidates: Candidates) -> dict[str, float]:
     return bounds
 
 
-def packing_bound(candidates: Candidates, low: float) -> float:
+def packing_bound(candidates: Candidates, low: float, mixes: tuple[float, ...] = PACKING_MIXES) -> float:
     """The largest target T proven below the optimum, at least `low` (a valid bound), by bisection.
 
     At a target T every device carries pieces of costs x_i·T with Σ x_i ≤ 1, so no option with a piece
     above T can be chosen, and for any dual feasible function f (Σ x_i ≤ 1 ⇒ Σ f(x_i) ≤ 1) each device
     has Σ f(x_i) ≤ 1 over its pieces, pinned ones included. Each memory tier that may bind gives the same
     with x_i = bytes / capacity and f the identity, and so does any convex combination λ·(cost) +
-    (1 − λ)·(memory). Summing over devices: if Σ_tables min over the options that stay below T of
+    (1 − λ)·(memory), λ in `mixes`. Summing over devices: if Σ_tables min over the options that stay below T of
     Σ_pieces value > K, no plan reaches T. The functions: the identity and U^ε (1 above 1 − ε, 0 below ε,
     x between); an option with more than MANY_PIECES pieces is valued max(0, Σx − n·ε) ≤ Σ U^ε(x_i)
     (every piece loses at most ε), which keeps the bound cheap where row-wise and data-parallel options
@@ -116,7 +120,7 @@ def packing_bound(candidates: Candidates, low: float) -> float:
         allowed = biggest <= target
         for epsilon in (None, *PACKING_EPSILONS):
             cost = cost_values(target, epsilon)
-            for value in [cost, *(0.5 * cost + 0.5 * m for m in memory)]:
+            for value in [cost, *(mix * cost + (1 - mix) * m for m in memory for mix in mixes)]:
                 per_table = np.minimum.reduceat(np.where(allowed, value, np.inf), table_starts)
                 if per_table.sum() > k * (1 + 1e-9):
                     return True

@@ -3,6 +3,8 @@ never exceeds the brute-force optimum over the enumerated options, split and tie
 and never falls below the combinatorial bounds it starts from; packed plans stay under their target."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from conftest import examples, make_table
@@ -13,6 +15,7 @@ from test_tiers import tiny_tiered_instances
 
 from costmodels import get_oracle
 from instances import Instance, Topology, Workload
+from instances.io import load_instance
 from solvers import Candidates, lp_bound, option_bounds
 from solvers.bounds import packing_bound
 from solvers.packing import FITS, pack, packed
@@ -35,9 +38,9 @@ def test_packing_bound_is_below_the_optimum_over_split_options(instance, oracle_
 
 
 @examples(15)
-@given(tiny_tiered_instances())
-def test_packing_bound_is_below_the_optimum_with_host_memory(instance):
-    oracle = get_oracle("analytic")
+@given(tiny_tiered_instances(), st.sampled_from(["analytic", "torchrec"]))
+def test_packing_bound_is_below_the_optimum_with_host_memory(instance, oracle_name):
+    oracle = get_oracle(oracle_name)
     candidates = Candidates.build(instance, oracle)
     bounds = option_bounds(candidates)
     optimum = brute_force_over_options(instance, oracle)
@@ -65,6 +68,17 @@ def test_packing_bound_reaches_the_optimum_where_the_lp_does_not():
     assert lp_bound(candidates) < optimum * (1 - 0.04)
     assert bound == pytest.approx(optimum, rel=1e-8)
     assert bound <= optimum
+
+
+def test_packing_bound_weighs_memory_against_cost_as_the_oracle_prices_it():
+    # TorchRec's estimator prices a table moved to host memory so dearly that only a weight on cost far
+    # from 0.5 proves what the LP proves: with 0.5 alone the bound stayed at half the LP's.
+    path = Path(__file__).parents[1] / "instances/sets/tiers-n80-k8-hbm0.5/autoshard-n80-k8-s0-test-090.json"
+    candidates = Candidates.build(load_instance(path), get_oracle("torchrec"))
+    low = max(option_bounds(candidates)["average"], option_bounds(candidates)["pigeonhole"])
+    lp = lp_bound(candidates)
+    assert packing_bound(candidates, low, mixes=(0.5,)) < 0.6 * lp
+    assert option_bounds(candidates)["packing"] > 0.99 * lp
 
 
 def test_packing_bound_keeps_a_bound_it_cannot_improve():
