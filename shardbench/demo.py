@@ -194,9 +194,15 @@ def run_demo(args: argparse.Namespace) -> int:
     write_all(folder, write)
     print(f"\nwritten to {folder}/: {OUTPUTS['plan']} (our plan; its instance in {OUTPUTS['instance']}), "
           f"{OUTPUTS['torchrec']} (the TorchRec ShardingPlan), {OUTPUTS['readable']} (readable)")
-    print(f"  inspect: shardbench show-plan {folder / OUTPUTS['plan']} --instance {folder / OUTPUTS['instance']} "
+    print(f"  inspect: {_invoked_as()} show-plan {folder / OUTPUTS['plan']} --instance {folder / OUTPUTS['instance']} "
           f"--oracle {ORACLE}")
     return 0
+
+
+def _invoked_as() -> str:
+    """The command as the user ran it (`.venv/bin/shardbench` need not be on PATH), so the hint runs as printed."""
+    invoked = sys.argv[0] if sys.argv else ""
+    return invoked if Path(invoked).name == "shardbench" else "shardbench"
 
 
 def add_command(sub) -> None:

@@ -32,11 +32,12 @@ def _printed_cost(text: str, who: str) -> float:
     return float(re.search(rf"^  {who}\s+([0-9.e+-]+)\s+planned in", text, re.M).group(1))
 
 
-def test_the_demo_plans_a_tiny_model_and_writes_the_folder(tmp_path, capsys):
+def test_the_demo_plans_a_tiny_model_and_writes_the_folder(tmp_path, capsys, monkeypatch):
     import torch
 
     (tmp_path / "tiny.toml").write_text(TINY)
     out = tmp_path / "out"
+    monkeypatch.setattr("sys.argv", [".venv/bin/shardbench", "demo"])  # the hint runs as the user ran us
     assert main(["demo", str(tmp_path / "tiny.toml"), "--budget", "2", "-o", str(out)]) == 0
     text = capsys.readouterr().out
     assert sorted(p.name for p in out.iterdir()) == OUTPUTS
@@ -50,6 +51,7 @@ def test_the_demo_plans_a_tiny_model_and_writes_the_folder(tmp_path, capsys):
     assert _printed_cost(text, "TorchRec's planner") == pytest.approx(theirs, rel=1e-5)
     assert "× faster per step" in text or "equally fast" in text
     assert "over the enumerated options" in text and str(out) in text
+    assert f"inspect: .venv/bin/shardbench show-plan {out / 'plan.json'} --instance {out / 'instance.json'}" in text
     readable = json.loads((out / "plan.sharding.json").read_text())
     assert set(readable) == {t.name for t in instance.tables}
     exported = torch.load(out / "plan.pt", weights_only=False)
