@@ -52,14 +52,16 @@ class Problem:
         return self.oracle.table_wise(self.instance)
 
     @property
-    def splits(self) -> bool:
-        """Whether any table may take another option than table-wise."""
-        return self.instance.allows_splits
+    def chooses_options(self) -> bool:
+        """Whether tables choose among options: a sharding type other than table-wise, or, where host
+        memory is used, a compute kernel and cache load factor (so a table-wise instance with memory tiers
+        has options too)."""
+        return self.instance.allows_splits or self.instance.uses_host_memory
 
     @cached_property
     def whole_tables(self) -> "Problem":
         """The same problem with every table whole (what solvers that do not split are given)."""
-        if not self.splits:
+        if not self.instance.allows_splits:
             return self
         return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle)
 

@@ -63,10 +63,10 @@ class ExactStart:
 def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
     candidates = problem.candidates
     bound = best_option_bound(candidates)
-    if problem.splits:
+    if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    deadline = budget.share(SPLIT_HEURISTIC_SHARE if problem.splits else HEURISTIC_SHARE)
+    deadline = budget.share(SPLIT_HEURISTIC_SHARE if problem.chooses_options else HEURISTIC_SHARE)
     assembly, failure, _ = searched(problem, budget, seed, deadline, bound)
     return ExactStart(assembly, bound, failure)
 
@@ -307,7 +307,7 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
     gap = (objective - bound) / objective if objective > 0 else 0.0
     status = Status.OPTIMAL if gap <= OPTIMALITY_TOLERANCE else Status.FEASIBLE
     stats = {**stats, "certified_gap": gap}
-    if problem.splits:
+    if problem.chooses_options:
         stats["optimal_over"] = "enumerated options"
         stats["options"] = int(candidates.live.sum())
     return SolveResult(status, plan=best, lower_bound=bound, stats=stats)

@@ -74,7 +74,7 @@ def best_greedy(problem: Problem) -> SolveResult:
     from .search import split_greedy, stuck_result
 
     candidates = problem.whole_tables.candidates
-    result = split_greedy(candidates, splits=False)
+    result = split_greedy(candidates, changes=False)
     if isinstance(result, Stuck):
         return stuck_result(candidates, result)
     return SolveResult(Status.FEASIBLE, plan=result.plan())

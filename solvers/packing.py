@@ -1,16 +1,16 @@
 """Plans by bin packing at a target makespan, for additive oracles: at a target T every table takes its
-lightest option whose pieces stay at or below T, and pieces go best-fit (onto the busiest device they
-still fit under T and memory) instead of onto the least loaded one; T is bisected between a lower bound
-and the best plan. Where pieces are large against the makespan (hundreds of tables on 128 devices),
-balancing greedily leaves no room for the largest tables whole and splits them at twice their work;
-packing keeps them whole."""
+lightest option whose pieces stay at or below T (within a share of the spare memory, `choose_options`),
+and pieces go best-fit (onto the busiest device they still fit under T and memory) instead of onto the
+least loaded one; T is bisected between a lower bound and the best plan. Where pieces are large against
+the makespan (hundreds of tables on 128 devices), balancing greedily leaves no room for the largest tables
+whole and splits them at twice their work; packing keeps them whole."""
 from __future__ import annotations
 
 import time
 
 import numpy as np
 
-from .assembly import RELATIVE_STEP, Assembly, Trial, choose_options
+from .assembly import MEMORY_SHARES, RELATIVE_STEP, Assembly, Trial, choose_options
 from .candidates import Candidates
 
 PACKING_STEPS = 14  # bisection steps on the target (the last ones move it by ~1e-4 of the first interval)
@@ -19,12 +19,13 @@ PACKING_STEPS = 14  # bisection steps on the target (the last ones move it by ~1
 FITS = ("cost", "cost+memory")
 
 
-def pack(candidates: Candidates, target: float, weight: np.ndarray, fit: str = "cost") -> Assembly | None:
+def pack(candidates: Candidates, target: float, weight: np.ndarray, fit: str = "cost",
+         memory_share: float = MEMORY_SHARES[0]) -> Assembly | None:
     """A plan whose every device costs at most `target`, or None where best-fit packing finds none: pinned
     options first, then node options, then free pieces largest first; a table whose option finds no room
     tries its other options that stay below the target, lightest first."""
     c = candidates
-    chosen = choose_options(c, target, weight)
+    chosen = choose_options(c, target, weight, memory_share)
     assembly = Assembly(c)
     rank = {"pinned": 0, "node": 1, "free": 2}
     order = sorted(range(chosen.size), key=lambda t: (rank[c.placement(int(chosen[t]))], -c.biggest[chosen[t]], t))
@@ -78,14 +79,14 @@ def _best_fit(assembly: Assembly, option: int, limit: float, capacity: np.ndarra
 
 
 def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np.ndarray,
-           deadline: float | None = None) -> Assembly | None:
+           deadline: float | None = None, memory_share: float = MEMORY_SHARES[0]) -> Assembly | None:
     """The best plan of bisecting the target between `low` (a lower bound) and `best`'s objective (or the
     plan at an unbounded target), each target tried with every fit; None where none packs. Stops at
     `deadline` with the best plan so far."""
     high = best.objective() if best is not None else np.inf
     found = best
     if not np.isfinite(high):
-        found = next((a for a in (pack(candidates, np.inf, weight, fit) for fit in FITS) if a is not None), None)
+        found = next((a for a in (pack(candidates, np.inf, weight, fit, memory_share) for fit in FITS) if a is not None), None)
         if found is None:
             return None
         high = found.objective()
@@ -93,7 +94,7 @@ def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np
         if high <= low * (1 + 1e-6) or (deadline is not None and time.monotonic() >= deadline):
             break
         target = (low + high) / 2
-        trial = next((a for a in (pack(candidates, target, weight, fit) for fit in FITS) if a is not None), None)
+        trial = next((a for a in (pack(candidates, target, weight, fit, memory_share) for fit in FITS) if a is not None), None)
         if trial is None:
             low = target
             continue

@@ -12,6 +12,7 @@ import numpy as np
 from instances.memory import tier_label
 
 from .assembly import (
+    MEMORY_SHARES,
     RELATIVE_STEP,
     Assembly,
     Stuck,
@@ -39,10 +40,10 @@ OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a tab
 
 
 class _Search:
-    """Local search on an assembly; `splits` allows option changes."""
+    """Local search on an assembly; `changes` allows tables to change option."""
 
-    def __init__(self, assembly: Assembly, splits: bool):
-        self.a, self.c, self.splits = assembly, assembly.c, splits
+    def __init__(self, assembly: Assembly, changes: bool):
+        self.a, self.c, self.changes = assembly, assembly.c, changes
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -80,7 +81,7 @@ class _Search:
                     i = int(np.argmin(pair))
                     if pair[i] < best_value:
                         best_value, best = pair[i], ("swap", piece, int(candidates[i]))
-        if self.splits:
+        if self.changes:
             for table in self.heaviest_tables_on(top):
                 value, trial = self.best_option_change(table)
                 if trial is not None and value < best_value:
@@ -148,7 +149,7 @@ class _Search:
             room = room[room != a.device[piece]]
             if room.size:
                 a.move(piece, int(rng.choice(room)))
-        if not self.splits:
+        if not self.changes:
             return
         for table in rng.choice(a.chosen.size, size=max(1, int(OPTION_KICK_SHARE * size)), replace=True):
             options = [int(o) for o in self.c.by_table[table] if o != a.chosen[table]]
@@ -162,13 +163,13 @@ class _Search:
                 a.put(trial.option, trial.devices)
 
 
-def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | None = None, splits: bool = False,
+def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | None = None, changes: bool = False,
             target: float = -np.inf) -> dict:
     """Iterated local search on `assembly` until the deadline, `max_rounds` kicks (which makes the result
     a function of the seed alone) or a plan at `target` (a lower bound). Leaves the best plan found in
     the assembly — never worse than the start — and returns statistics."""
     rng = np.random.default_rng(seed)
-    search = _Search(assembly, splits)
+    search = _Search(assembly, changes)
     start_value = assembly.objective()
     steps = search.descend(deadline)
     best, best_value = assembly.snapshot(), assembly.objective()
@@ -218,14 +219,15 @@ def option_weight(candidates: Candidates) -> np.ndarray:
 LEVEL_STEPS = 8  # bisection steps on the level below which pieces must stay
 
 
-def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | None = None) -> Assembly | Stuck:
+def split_greedy(candidates: Candidates, changes: bool = True, deadline: float | None = None) -> Assembly | Stuck:
     """The split-aware greedy. For a level L, every table takes its lightest option whose largest piece
-    stays below L (whole tables where they are small enough, splits only where they must), and the
-    chosen options are placed LPT-style under the three orders; L is bisected between the lower bound
-    and the plan that splits nothing it need not. Under an additive oracle, best-fit packing at a
-    bisected target (solvers.packing) then tries to beat that plan until `deadline`. The best plan then
-    descends on option changes of the tables on the busiest device while that lowers it. Past `deadline`
-    each stage returns what it has (the first plan is always built). With one option per table it is
+    stays below L (whole tables where they are small enough, splits only where they must) within a share
+    of the spare memory (`choose_options`), and the chosen options are placed LPT-style under the three
+    orders; L is bisected between the lower bound and the plan that splits nothing it need not. Under an
+    additive oracle, best-fit packing at a bisected target (solvers.packing) then tries to beat that
+    plan. That runs for each of MEMORY_SHARES while `deadline` allows, and the best plan then descends on
+    option changes of the tables on the busiest device while that lowers it. Past `deadline` each stage
+    returns what it has (the first plan is always built). With one option per table it is
     `best-greedy`."""
     for table, ids in enumerate(candidates.by_table):
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
@@ -235,9 +237,41 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
             tier = int(np.argmax(candidates.storage[piece] > capacity))
             return Stuck(piece, int(candidates.storage[piece, tier]), int(capacity[tier]), tier)
     weight = option_weight(candidates)
+    best, stuck = None, None
+    for share in _distinct_shares(candidates, changes, weight):
+        found = _at_share(candidates, changes, deadline, weight, share)
+        if isinstance(found, Stuck):
+            stuck = stuck or found
+        elif best is None or found.objective() < best.objective():
+            best = found
+        if _past(deadline):
+            break
+    if best is None:
+        return stuck
+    if changes:
+        _descend_on_options(best, deadline)
+    return best
 
+
+def _distinct_shares(candidates: Candidates, changes: bool, weight: np.ndarray) -> list[float]:
+    """The memory shares worth trying: those after the first whose unsplit choice differs from every
+    earlier share's (where memory is plentiful, all choose alike and the first is enough)."""
+    if not changes:
+        return list(MEMORY_SHARES[:1])
+    shares, seen = [], []
+    for share in MEMORY_SHARES:
+        chosen = choose_options(candidates, np.inf, weight, share)
+        if not any(np.array_equal(chosen, other) for other in seen):
+            shares.append(share)
+            seen.append(chosen)
+    return shares
+
+
+def _at_share(candidates: Candidates, changes: bool, deadline: float | None, weight: np.ndarray,
+              share: float) -> Assembly | Stuck:
+    """split_greedy's plan with the options chosen within `share` of the spare memory."""
     def build(level: float, orders: str = "all") -> tuple[Assembly | None, Stuck | None]:
-        chosen = choose_options(candidates, level, weight)
+        chosen = choose_options(candidates, level, weight, share)
         built = [construct(candidates, order, chosen, weight) for order in _orders(candidates, chosen, weight)
                  [: 1 if orders == "cost" else 3]]
         assemblies = [b for b in built if isinstance(b, Assembly)]
@@ -246,7 +280,7 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
         return min(assemblies, key=lambda a: a.objective()), None
 
     best, stuck = build(np.inf)
-    if splits and best is not None:
+    if changes and best is not None:
         low, high = target_bound(candidates), best.objective()
         for _ in range(LEVEL_STEPS):
             if high <= low * (1 + 1e-6) or _past(deadline):
@@ -260,9 +294,7 @@ def split_greedy(candidates: Candidates, splits: bool = True, deadline: float | 
             else:
                 low = level
         if candidates.priced.additive:
-            best = packed(candidates, target_bound(candidates), best, weight, deadline)
-        if best is not None:
-            _descend_on_options(best, deadline)
+            best = packed(candidates, target_bound(candidates), best, weight, deadline, share)
     return best if best is not None else stuck
 
 
@@ -271,7 +303,7 @@ def _past(deadline: float | None) -> bool:
 
 
 def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> None:
-    search = _Search(assembly, splits=True)
+    search = _Search(assembly, changes=True)
     while not _past(deadline):
         costs = assembly.costs()
         top = int(np.argmax(costs))
@@ -300,11 +332,11 @@ def searched(problem: Problem, budget: Budget, seed: int, deadline: float,
     """Split-greedy, then iterated local search until `deadline`, or until the plan is within the budget's
     gap of `bound` (default: the candidates' combinatorial bounds): the assembly, or the dead end."""
     candidates = problem.candidates
-    start = split_greedy(candidates, problem.splits, deadline)
+    start = split_greedy(candidates, problem.chooses_options, deadline)
     if isinstance(start, Stuck):
         return None, stuck_result(candidates, start), {}
     bound = target_bound(candidates) if bound is None else bound
-    stats = improve(start, deadline, seed, budget.max_rounds, problem.splits, bound * (1 + budget.gap))
+    stats = improve(start, deadline, seed, budget.max_rounds, problem.chooses_options, bound * (1 + budget.gap))
     return start, None, stats
 
 
@@ -312,7 +344,7 @@ def searched(problem: Problem, budget: Budget, seed: int, deadline: float,
           "(bisected down from the plan that splits nothing it need not), pieces placed LPT where they cost least; "
           "then tables on the busiest device change option while that lowers it; any oracle", splits=True)
 def split_greedy_solver(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    result = split_greedy(problem.candidates, problem.splits, budget.deadline())
+    result = split_greedy(problem.candidates, problem.chooses_options, budget.deadline())
     if isinstance(result, Stuck):
         return stuck_result(problem.candidates, result)
     return SolveResult(Status.FEASIBLE, plan=result.plan())

@@ -2,12 +2,13 @@
 (schema 3) and are validated on both tiers, exact optima over the enlarged option set against brute force,
 oracles that price tiers and the ones that refuse them, and the command line end to end."""
 import dataclasses
+import itertools
 import json
 
 import numpy as np
 import pytest
 from conftest import examples, make_table
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 from test_sharding import QUICK, brute_force_over_options
 
@@ -19,7 +20,10 @@ from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
 from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
+from solvers.assembly import MEMORY_SHARES, choose_options
 from solvers.base import OPTIMALITY_TOLERANCE
+from solvers.candidates import Problem
+from solvers.search import option_weight
 
 GIB = 2**30
 
@@ -97,14 +101,15 @@ def test_validation_checks_kernels_and_both_tiers():
 
 
 @st.composite
-def tiny_tiered_instances(draw):
-    n = draw(st.integers(1, 2))
+def tiny_tiered_instances(draw, max_tables: int = 2):
+    n = draw(st.integers(1, max_tables))
     tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
     need = sum(t.weight_bytes for t in tables)
     hbm = max(1, int(need * draw(st.floats(0.2, 1.5))))
     host = max(1, int(need * draw(st.floats(0.5, 2.0))))
+    types = draw(st.sampled_from([("table_wise", "row_wise"), ("table_wise",)]))
     instance = Instance("tiny-tiered", tables, Topology(1, 2, hbm, host_memory_bytes=host), Workload(batch_size=16),
-                        sharding_types=("table_wise", "row_wise"))
+                        sharding_types=types)
     return instance.validate()
 
 
@@ -128,6 +133,41 @@ def test_exact_optimum_over_kernels_and_load_factors_matches_brute_force(instanc
         result = run_solver(name, instance, oracle, QUICK, 0)
         if result.has_plan:
             assert optimum <= result.objective * (1 + 1e-9)
+
+
+@examples(25)
+@given(tiny_tiered_instances(max_tables=3), st.sampled_from(MEMORY_SHARES))
+def test_the_greedy_option_choice_is_the_best_over_all_choices_that_use_no_more_memory(instance, share):
+    """Lagrangian optimality, against brute force: no choice of options (one per table) needs no more memory
+    and less work than the greedy's; and the choice stays within its share of the spare memory."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    assume(all(ids.size for ids in candidates.by_table))
+    weight = option_weight(candidates)
+    memory = candidates.device_shares(candidates.total_storage)
+    chosen = choose_options(candidates, np.inf, weight, share)
+    assert all(o in ids for o, ids in zip(chosen, candidates.by_table))
+    leanest = [min(ids, key=lambda o: (memory[o], weight[o])) for ids in candidates.by_table]
+    spare = instance.num_devices - memory[leanest].sum()
+    assert memory[chosen].sum() - memory[leanest].sum() <= max(share * spare, 0.0) + 1e-9
+    used, work = memory[chosen].sum(), weight[chosen].sum()
+    for combo in itertools.product(*candidates.by_table):
+        if memory[list(combo)].sum() <= used + 1e-12:
+            assert weight[list(combo)].sum() >= work * (1 - 1e-9) - 1e-15, combo
+
+
+def test_tables_kept_whole_still_choose_their_kernel_and_load_factor():
+    # 192 KB of tables on 2 devices of 40 KB HBM each: whole tables, so only kernels and caches make room.
+    instance = dataclasses.replace(_tiered(GIB, 64 * GIB, types=("table_wise",)), topology=Topology(
+        1, 2, 40_000, host_memory_bytes=64 * GIB)).validate()
+    oracle = get_oracle("analytic")
+    assert Problem(instance, oracle).chooses_options
+    result = run_solver("cpsat", instance, oracle, QUICK, 0)
+    assert result.stats["optimal_over"] == "enumerated options"
+    optimum = brute_force_over_options(instance, oracle)
+    assert result.status == Status.OPTIMAL and result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE)
+    assert len({(t.compute_kernel, t.cache_load_factor) for t in result.plan.tables}) > 1
+    searched = run_solver("local-search", instance, oracle, QUICK, 0)
+    assert searched.objective == pytest.approx(optimum, rel=1e-9)
 
 
 def test_a_model_larger_than_hbm_gets_a_plan_with_host_memory_and_a_reason_without():
