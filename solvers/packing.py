@@ -86,7 +86,8 @@ def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np
     high = best.objective() if best is not None else np.inf
     found = best
     if not np.isfinite(high):
-        found = next((a for a in (pack(candidates, np.inf, weight, fit, memory_share) for fit in FITS) if a is not None), None)
+        found = next((a for a in (pack(candidates, np.inf, weight, fit, memory_share) for fit in FITS)
+                      if a is not None), None)
         if found is None:
             return None
         high = found.objective()
@@ -94,7 +95,8 @@ def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np
         if high <= low * (1 + 1e-6) or (deadline is not None and time.monotonic() >= deadline):
             break
         target = (low + high) / 2
-        trial = next((a for a in (pack(candidates, target, weight, fit, memory_share) for fit in FITS) if a is not None), None)
+        trial = next((a for a in (pack(candidates, target, weight, fit, memory_share) for fit in FITS)
+                      if a is not None), None)
         if trial is None:
             low = target
             continue

@@ -238,8 +238,8 @@ def split_greedy(candidates: Candidates, changes: bool = True, deadline: float |
             return Stuck(piece, int(candidates.storage[piece, tier]), int(capacity[tier]), tier)
     weight = option_weight(candidates)
     best, stuck = None, None
-    for share in _distinct_shares(candidates, changes, weight):
-        found = _at_share(candidates, changes, deadline, weight, share)
+    for share, unsplit in _distinct_shares(candidates, changes, weight):
+        found = _at_share(candidates, changes, deadline, weight, share, unsplit)
         if isinstance(found, Stuck):
             stuck = stuck or found
         elif best is None or found.objective() < best.objective():
@@ -253,25 +253,24 @@ def split_greedy(candidates: Candidates, changes: bool = True, deadline: float |
     return best
 
 
-def _distinct_shares(candidates: Candidates, changes: bool, weight: np.ndarray) -> list[float]:
-    """The memory shares worth trying: those after the first whose unsplit choice differs from every
-    earlier share's (where memory is plentiful, all choose alike and the first is enough)."""
-    if not changes:
-        return list(MEMORY_SHARES[:1])
-    shares, seen = [], []
-    for share in MEMORY_SHARES:
+def _distinct_shares(candidates: Candidates, changes: bool, weight: np.ndarray) -> list[tuple[float, np.ndarray]]:
+    """The memory shares worth trying, each with its unsplit choice (options at an unbounded level): the
+    first, and those after it whose choice differs from every earlier share's (where memory is plentiful,
+    all choose alike and the first is enough)."""
+    shares = []
+    for share in MEMORY_SHARES if changes else MEMORY_SHARES[:1]:
         chosen = choose_options(candidates, np.inf, weight, share)
-        if not any(np.array_equal(chosen, other) for other in seen):
-            shares.append(share)
-            seen.append(chosen)
+        if not any(np.array_equal(chosen, other) for _, other in shares):
+            shares.append((share, chosen))
     return shares
 
 
 def _at_share(candidates: Candidates, changes: bool, deadline: float | None, weight: np.ndarray,
-              share: float) -> Assembly | Stuck:
-    """split_greedy's plan with the options chosen within `share` of the spare memory."""
+              share: float, unsplit: np.ndarray) -> Assembly | Stuck:
+    """split_greedy's plan with the options chosen within `share` of the spare memory (`unsplit`: that
+    choice at an unbounded level, computed already)."""
     def build(level: float, orders: str = "all") -> tuple[Assembly | None, Stuck | None]:
-        chosen = choose_options(candidates, level, weight, share)
+        chosen = unsplit if level == np.inf else choose_options(candidates, level, weight, share)
         built = [construct(candidates, order, chosen, weight) for order in _orders(candidates, chosen, weight)
                  [: 1 if orders == "cost" else 3]]
         assemblies = [b for b in built if isinstance(b, Assembly)]
