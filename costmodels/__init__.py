@@ -1,8 +1,9 @@
 """Cost oracles: one protocol (costmodels.base), registered by name so that solvers and suites can
-pick them without knowing what they are."""
+pick them without knowing what they are; the registry resolves each name only when it is asked for."""
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from dataclasses import dataclass
 
 from .analytic import AnalyticOracle
 from .base import (
@@ -21,80 +22,75 @@ class UnknownOracleError(KeyError):
         return self.args[0]
 
 
-_FACTORIES: dict[str, Callable[[], Oracle]] = {
-    name: (lambda n=name: HeuristicOracle(n)) for name in HEURISTIC_COSTS
+@dataclass(frozen=True)
+class OracleEntry:
+    """Where an oracle lives, by name: its class ("module:Class", whose attributes state its capabilities
+    once — additive, prices_tiers, costly), and the factory that builds it ("module:function" called with
+    `args`; None: the class itself). Entries are resolved only when asked for, so an oracle whose module
+    sits above this package (TorchRec's estimator, in interop) or loads a library is found whatever was
+    imported before, and its capabilities are read without building it."""
+
+    cls: str
+    factory: str | None = None
+    args: tuple = ()
+
+
+def _resolve(path: str):
+    module, _, attribute = path.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+_ENTRIES: dict[str, OracleEntry] = {
+    **{name: OracleEntry("costmodels.heuristic:HeuristicOracle", args=(name,)) for name in HEURISTIC_COSTS},
+    "analytic": OracleEntry("costmodels.analytic:AnalyticOracle"),
+    "measured": OracleEntry("costmodels.measured:MeasuredOracle"),
+    **{name: OracleEntry("costmodels.neural:NeuralOracle", "costmodels.neural:load_shipped", (name,))
+       for name in ("neural-autoshard", "neural-dreamshard")},
+    "torchrec": OracleEntry("interop.oracle:TorchRecOracle"),
 }
-_FACTORIES["analytic"] = AnalyticOracle
 
 
-def _measured() -> Oracle:
-    from .measured import (
-        MeasuredOracle,  # torch and fbgemm load only when this oracle is asked for
-    )
-    return MeasuredOracle()
+def register_oracle(name: str, entry: OracleEntry) -> None:
+    """Adds (or replaces) an oracle under `name`."""
+    _ENTRIES[name] = entry
 
 
-_FACTORIES["measured"] = _measured
+def _entry(name: str) -> OracleEntry:
+    if name not in _ENTRIES:
+        raise UnknownOracleError(f"unknown oracle {name!r}; available: {', '.join(oracle_names())}")
+    return _ENTRIES[name]
 
 
-def _neural(name: str) -> Callable[[], Oracle]:
-    def load() -> Oracle:
-        from .neural import load_shipped
-        return load_shipped(name)
-    return load
-
-
-for _name in ("neural-autoshard", "neural-dreamshard"):
-    _FACTORIES[_name] = _neural(_name)
-
-# Oracles that are slow to build (they load torch, weights or another library): whether they are additive
-# and whether they price host-memory kernels, known without building them, so that a question about them
-# can be answered quickly. The measured oracle times HBM kernels on this machine's device; the neural
-# ones learned from those timings.
-_COSTLY_ADDITIVE: dict[str, bool] = {"measured": False, "neural-autoshard": False, "neural-dreamshard": False}
-_COSTLY_TIERS: dict[str, bool] = {"measured": False, "neural-autoshard": False, "neural-dreamshard": False}
-
-
-def register_oracle(name: str, factory: Callable[[], Oracle], costly_additive: bool | None = None,
-                    costly_tiers: bool = False) -> None:
-    """`costly_additive`: for an oracle that is slow to build, whether it is additive; `costly_tiers`,
-    whether it prices host-memory kernels."""
-    _FACTORIES[name] = factory
-    if costly_additive is not None:
-        _COSTLY_ADDITIVE[name] = costly_additive
-        _COSTLY_TIERS[name] = costly_tiers
+def oracle_class(name: str) -> type[Oracle]:
+    """The oracle's class, whose attributes state what it can do; importing it builds nothing."""
+    return _resolve(_entry(name).cls)
 
 
 def is_costly(name: str) -> bool:
     """Building this oracle loads libraries or weights (seconds): ask `oracle_is_additive` instead."""
-    return name in _COSTLY_ADDITIVE
+    return oracle_class(name).costly
 
 
 def oracle_is_additive(name: str) -> bool:
-    if name in _COSTLY_ADDITIVE:
-        return _COSTLY_ADDITIVE[name]
-    return get_oracle(name).additive
+    return oracle_class(name).additive
 
 
 def oracle_prices_tiers(name: str) -> bool:
     """Whether the oracle prices pieces kept in host memory by their kernel."""
-    if name in _COSTLY_TIERS:
-        return _COSTLY_TIERS[name]
-    return get_oracle(name).prices_tiers
+    return oracle_class(name).prices_tiers
 
 
 def oracle_names() -> list[str]:
-    return sorted(_FACTORIES)
+    return sorted(_ENTRIES)
 
 
 def get_oracle(name: str) -> Oracle:
-    if name not in _FACTORIES:
-        raise UnknownOracleError(f"unknown oracle {name!r}; available: {', '.join(oracle_names())}")
-    return _FACTORIES[name]()
+    entry = _entry(name)
+    return _resolve(entry.factory or entry.cls)(*entry.args)
 
 
 __all__ = [
     "AdditiveOracle", "AnalyticOracle", "DeviceCost", "DeviceState", "HEURISTIC_COSTS", "HeuristicOracle", "NotAdditiveError",
-    "Oracle", "Priced", "UnknownOracleError", "get_oracle", "heuristic_costs", "is_costly", "oracle_is_additive",
-    "oracle_names", "oracle_prices_tiers", "register_oracle",
+    "Oracle", "OracleEntry", "Priced", "UnknownOracleError", "get_oracle", "heuristic_costs", "is_costly",
+    "oracle_class", "oracle_is_additive", "oracle_names", "oracle_prices_tiers", "register_oracle",
 ]

@@ -48,6 +48,7 @@ class Oracle(ABC):
     has_breakdown: bool = False
     own_memory: bool = False  # counts memory its own way: its plans must fit that too, not only the instance's
     prices_tiers: bool = False  # prices pieces kept in host memory (fused_uvm, fused_uvm_caching) by their kernel
+    costly: bool = False  # building it loads a library or weights (seconds): questions about it ask the class
 
     def bind(self, instance: Instance, pieces: Pieces) -> "Priced":
         return RecomputingPriced(self, instance, pieces)

@@ -243,6 +243,7 @@ class MeasuredOracle(Oracle):
     description = "FBGEMM TBE forward+backward timed per device (CUDA or CPU) + analytic all-to-all; cached on disk"
     unit = "s"
     has_breakdown = True
+    costly = True
 
     def __init__(self, protocol: Protocol = Protocol(), cache: MeasurementCache | None = None):
         self.protocol = protocol

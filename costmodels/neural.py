@@ -285,6 +285,7 @@ class NeuralOracle(Oracle):
     share of the lookups); a device's cost comes from the sum of its pieces' embeddings."""
 
     unit = "s"
+    costly = True
 
     def __init__(self, model: TrainedModel, name: str):
         self.model = model

@@ -95,6 +95,7 @@ class TorchRecOracle(AdditiveOracle):
     has_breakdown = True
     own_memory = True
     prices_tiers = True
+    costly = True
 
     def __init__(self):
         # Loading torchrec (seconds) is part of building the oracle, before any budget's clock starts.

@@ -1,9 +1,6 @@
 """shardbench, the product: plan embedding-table sharding with the best of many methods, certified, from
-Python (`plan`, `ShardbenchPlanner`, `load_plan`, `save_sharding_plan`) or the `shardbench` command line. Importing it plugs the
-TorchRec adapters (its estimator as the `torchrec` oracle, its planner as the `torchrec-planner` peer)
-into the registries; torchrec itself loads only when `ShardbenchPlanner` is first used."""
-import interop  # noqa: F401  (registration happens on import)
-
+Python (`plan`, `ShardbenchPlanner`, `load_plan`, `save_sharding_plan`) or the `shardbench` command line;
+torchrec itself loads only when `ShardbenchPlanner` or the `torchrec` oracle is first used."""
 from .api import plan
 from .planfiles import load_plan, save_sharding_plan
 from .portfolio import Member, PortfolioResult

@@ -2,6 +2,7 @@
 solvers with their metadata, and the final check that validates a plan before anyone reports it."""
 from __future__ import annotations
 
+import importlib
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -191,6 +192,18 @@ def register(name: str, description: str, **meta) -> Callable[[SolveFn], SolveFn
         _REGISTRY[name] = SolverInfo(name=name, solve=fn, description=description, **meta)
         return fn
     return decorate
+
+
+def register_elsewhere(name: str, path: str, description: str, **meta) -> None:
+    """Registers a solver whose function lives in a module above this package ("module:function", e.g. a
+    peer planner in interop), imported only when the solver runs, so that the registry holds it whatever
+    was imported before."""
+    def solve(problem: Problem, budget: Budget, seed: int) -> SolveResult:
+        module, _, function = path.partition(":")
+        return getattr(importlib.import_module(module), function)(problem, budget, seed)
+
+    solve.__qualname__ = path
+    _REGISTRY[name] = SolverInfo(name=name, solve=solve, description=description, **meta)
 
 
 def solver_names() -> list[str]:
