@@ -14,6 +14,7 @@ from instances import Instance
 from instances.memory import storage_fields
 from instances.sharding import compact
 from shardbench.isolation import Job, Outcome, kill_deadline, run_isolated
+from shardbench.pipeline import price
 from solvers import Budget, Candidates, best_option_bound, get_solver, run_solver
 from solvers.base import incompatibility
 
@@ -94,7 +95,9 @@ def execute_cell(cell: Cell) -> dict:
     judge = oracle if cell.judge == cell.oracle else get_oracle(cell.judge)
     instance = cell.planned_instance
     start = time.perf_counter()
-    result = run_solver(cell.solver, instance, oracle, Budget(cell.time_limit), cell.seed)
+    # The pipeline's price stage, as `plan` prices: the clock starts there, and the solver reads its prices.
+    priced = price(instance, oracle, Budget(cell.time_limit), whole_tables=not get_solver(cell.solver).splits)
+    result = run_solver(cell.solver, instance, oracle, priced.clock, cell.seed, problem=priced.problem)
     elapsed = time.perf_counter() - start
     # A bound proved under the guiding oracle says nothing about the judge's costs.
     if judge is oracle:

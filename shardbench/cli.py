@@ -3,6 +3,7 @@ solvers and oracles. Errors print one line naming the problem and exit non-zero,
 from __future__ import annotations
 
 import argparse
+import functools
 import signal
 import sys
 from pathlib import Path
@@ -11,7 +12,6 @@ import numpy as np
 
 from costmodels import UnknownOracleError, get_oracle, oracle_names
 from instances import (
-    Instance,
     InstanceError,
     PlanError,
     load_instance,
@@ -37,7 +37,6 @@ from solvers import (
     run_solver,
     solver_names,
 )
-from solvers.base import memory_infeasibility
 from solvers.bounds import gap_to_bound
 
 from .args import (
@@ -55,6 +54,7 @@ from .args import (
 )
 from .demo import add_command as add_demo_command
 from .planfiles import sidecar_path, write_plan_files
+from .pipeline import PlanRequest, admit, cannot_fit, narrow, run
 from .recommend import RecommenderError
 from .rows_cli import add_commands as add_row_commands
 
@@ -152,19 +152,6 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
     return 0
 
 
-def cannot_fit(instance: Instance) -> str | None:
-    """Why no plan of the instance fits memory, by the solvers' own proof (memory_infeasibility over the
-    options, priced by the cheap lookup oracle: memory is the instance's, whatever the oracle), or None.
-    Whole tables that each fit a device and fit the devices in all cannot trip that proof, which spares
-    large instances building their options."""
-    stored, capacity = instance.table_storage(), instance.topology.capacity.as_array()
-    if (stored.sum(axis=0) <= capacity * instance.num_devices).all() and all(
-            "table_wise" in instance.allowed_types(table) and (need <= capacity).all()
-            for table, need in zip(instance.tables, stored)):
-        return None
-    return memory_infeasibility(Problem(instance, get_oracle("lookup")))
-
-
 def _cmd_validate(args: argparse.Namespace) -> int:
     failed = unfit = 0
     for path in args.paths:
@@ -202,31 +189,21 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _load_factors(plan) -> str:
-    factors = sorted(t.cache_load_factor for t in plan.tables if t.cache_load_factor is not None)
-    return f" (cache load factors {', '.join(f'{f:g}' for f in dict.fromkeys(factors))})" if factors else ""
+CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels"}
 
 
-def restrict(instance: Instance, types: tuple[str, ...] | None, kernels: tuple[str, ...] | None = None) -> Instance:
-    """The instance planned with only `types` and `kernels` (the CLI's --sharding-types, --compute-kernels);
-    every table must keep an option."""
-    restricted = instance.restricted_to(types)
-    for table in restricted.tables:
-        if not restricted.allowed_types(table):
-            raise InstanceError("--sharding-types", f"leaves table {table.name} no sharding type it allows "
-                                f"(it allows {', '.join(instance.allowed_types(table))})")
-    restricted = restricted.restricted_to_kernels(kernels)
-    for table in restricted.tables:
-        if not any(restricted.allowed_kernels(table, kind) for kind in restricted.allowed_types(table)):
-            raise InstanceError("--compute-kernels", f"leaves table {table.name} no compute kernel for its sharding "
-                                f"types ({', '.join(restricted.allowed_types(table))})")
-    return restricted
+def _request(args: argparse.Namespace) -> PlanRequest:
+    """The planning request the command's arguments make (solve, recommend and plan narrow alike)."""
+    return PlanRequest(load_instance(args.instance), args.oracle, budget=args.budget, gap=getattr(args, "gap", 0.0) / 100,
+                       solvers=tuple(args.solvers) if getattr(args, "solvers", None) else None,
+                       seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
+                       compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o")
-    instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
+    instance = narrow(_request(args))
     oracle = get_oracle(args.oracle)
     problem = Problem(instance, oracle)  # priced once: by the solver, then asked for the bounds printed below
     result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed,
@@ -262,23 +239,15 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _question(args: argparse.Namespace):
-    """The instance of a recommend/plan (restricted as asked), once the oracle's name is checked."""
-    from .api import check_oracle
-
-    instance = restrict(load_instance(args.instance), args.sharding_types, args.compute_kernels)
-    check_oracle(instance, args.oracle)
-    return instance
-
-
 def _cmd_recommend(args: argparse.Namespace) -> int:
     from .recommend import PORTFOLIO_SIZE, Rules
     from .workloads import workload_features
 
-    instance = _question(args)
-    why = cannot_fit(instance)
-    if why:
-        print(f"no plan: {instance.id} cannot fit: {why}", file=sys.stderr)
+    request = _request(args)
+    admitted = admit(request, narrow(request))
+    instance = admitted.instance
+    if admitted.unfit:
+        print(f"no plan: {instance.id} cannot fit: {admitted.unfit}", file=sys.stderr)
         return EXIT_NO_PLAN
     rules = Rules.load(args.rules) if args.rules else Rules.load()
     features = workload_features(instance, args.oracle, args.budget)
@@ -314,33 +283,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, sidecar_path(args.torchrec_out))}
         if len(outputs) < 3 or Path(args.instance).resolve() in outputs:
             raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plan or each other")
-    from .api import choose_portfolio
-    from .portfolio import SAFETY_NET, optimal_over, run_portfolio
-
-    instance = _question(args)
-    if args.solvers:
-        for name in args.solvers:
-            get_solver(name)
-        portfolio = list(args.solvers)
-    else:
-        portfolio = choose_portfolio(instance, args.oracle, args.budget, args.rules)
-    print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: running {' + '.join([*portfolio, SAFETY_NET])}")
-    result = run_portfolio(instance, args.oracle, args.budget, portfolio, args.seed, gap=args.gap / 100)
-    print(f"  options priced once in {result.pricing_s:.2f} s" + (
-        ", past the budget: each member had its first plan's time alone" if result.pricing_s >= args.budget else ""))
-    kept = [m for m in result.members if m.solver == result.solver]
-    others = sorted((m for m in result.members if m.solver != result.solver),
-                    key=lambda m: (m.objective is None, m.objective or 0))
-    for m in kept + others:
-        line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
-        if m.objective is not None:
-            line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
-        print(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
-    for skipped in result.skipped:
-        print(f"  skipped {skipped}")
-    if result.stopped_early:
-        print("  a proven optimum stopped the others" if args.gap == 0 else
-              f"  a plan certified within {args.gap:g} % (or a proven optimum) stopped the others")
+    report = run(_request(args), echo=print)
+    instance, result = report.instance, report.result
     if result.plan is None:
         print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
@@ -349,22 +293,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from interop.export import to_torchrec
 
         sharding_plan = to_torchrec(instance, result.plan, path=args.module_path)
-    oracle = get_oracle(args.oracle)
-    gap, scope = result.gap, optimal_over(instance)
-    types = result.plan.sharding_types()
-    print(f"best plan: {result.solver}, max device cost {result.objective:.6g} {oracle.unit}; {result.wall_s:.1f} s")
-    print("  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()))
-    kernels = result.plan.kernels()
-    print("  compute kernels: " + ", ".join(f"{k} {v}" for k, v in kernels.items()) + _load_factors(result.plan))
-    print(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {scope}" if gap is not None
-          else "  certificate: none (no member proved a bound)")
-    save_plan(result.plan, instance, args.output, report={
-        "solver": result.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": args.oracle, "budget": args.budget,
-        "seed": args.seed, "gap_target": args.gap / 100, "objective": result.objective, "lower_bound": result.bound, "gap": gap,
-        "optimal_over": scope, "sharding_type_counts": types, "kernel_counts": kernels, "wall_seconds": result.wall_s, "pricing_seconds": result.pricing_s,
-        "sharding_types": list(instance.sharding_types),
-        "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
-                     "seconds": m.seconds, "reason": m.why} for m in result.members]})
+    save_plan(result.plan, instance, args.output, report=report.record)
     print(f"plan written to {args.output}")
     if sharding_plan is not None:
         write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out))
@@ -431,7 +360,8 @@ The benchmark harness's commands (bench, measure, train, summarize, refit-recomm
 solvers and refit the planner choice."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
+    """The command line; `plugins` adds the commands of the installed command sets (the harness's)."""
     parser = Parser(prog="shardbench", description=DESCRIPTION, epilog=examples(
         "shardbench instances import-torchrec model.toml -o instance.json",
         "shardbench plan instance.json -o plan.json --torchrec-out plan.pt",
@@ -564,9 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_cmd_export_torchrec)
 
     add_row_commands(sub)
-    from benchmarks.commands import add_commands as add_harness_commands
-
-    add_harness_commands(sub)
+    for plugin in command_plugins() if plugins else ():
+        plugin.add_commands(sub)
     sub.add_parser("solvers", help="list solvers with metadata",
                    epilog=examples("shardbench solvers")).set_defaults(func=_cmd_solvers)
     sub.add_parser("oracles", help="list cost oracles",
@@ -574,17 +503,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    from benchmarks.commands import ERRORS as HARNESS_ERRORS
+@functools.cache
+def command_plugins() -> tuple:
+    """The command sets installed beside the product, by their `shardbench.commands` entry points (the
+    benchmark harness is one): each a module with `add_commands(sub)` and `ERRORS`."""
+    from importlib.metadata import entry_points
 
+    return tuple(point.load() for point in sorted(entry_points(group="shardbench.commands"), key=lambda p: p.name))
+
+
+def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, tuple]:
+    """The product's own parser for one of its own commands (the harness need not load for `plan`), else
+    the full one; with the command sets it loaded."""
+    product = build_parser(plugins=False)
+    commands = next(a for a in product._actions if isinstance(a, argparse._SubParsersAction)).choices
+    first = next((word for word in argv if not word.startswith("-")), None)
+    return (product, ()) if first in commands else (build_parser(), command_plugins())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser, plugins = _parser_for(argv)
+    plugin_errors = tuple(error for plugin in plugins for error in plugin.ERRORS)
     try:
-        args = build_parser().parse_args(argv)
+        args = parser.parse_args(argv)
     except SystemExit as exc:  # a bad argument (reported in one line) or --help
         return exc.code if isinstance(exc.code, int) else EXIT_ERROR
     try:
         return args.func(args)
     except (InstanceError, PlanError, UnknownSolverError, UnknownOracleError, SolverOracleMismatch, BudgetError,
-            OSError, RecommenderError, *HARNESS_ERRORS) as exc:
+            OSError, RecommenderError, *plugin_errors) as exc:
         print(f"error: {' '.join(_describe(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:

@@ -20,10 +20,10 @@ from instances import Instance, InstanceError, Plan, save_instance, save_plan
 from instances.io import read_text
 from instances.model import instance_from_dict
 
-from .api import choose_portfolio
 from .args import SEED, TIME_LIMIT, examples
+from .pipeline import PlanRequest, admit, choose, narrow, run
 from .planfiles import write_plan_files
-from .portfolio import SAFETY_NET, run_portfolio
+from .portfolio import SAFETY_NET
 
 EXIT_NO_PLAN = 3
 EXAMPLE = "data/example_dlrm.toml"
@@ -150,16 +150,14 @@ def run_demo(args: argparse.Namespace) -> int:
     folder = check_folder(args.output)
     instance, where = read_model(args.model)
     print(_describe(instance, where))
-    portfolio = choose_portfolio(instance, ORACLE, args.budget)
+    request = PlanRequest(instance, ORACLE, budget=args.budget, seed=args.seed)
+    portfolio = choose(request, admit(request, narrow(request)))
     print(f"planning with TorchRec's planner (EmbeddingShardingPlanner), then with ours "
-          f"({' + '.join([*portfolio, SAFETY_NET])}, budget {args.budget:g} s) ...", flush=True)
+          f"({' + '.join(dict.fromkeys([*portfolio, SAFETY_NET]))}, budget {args.budget:g} s) ...", flush=True)
     peer = run_torchrec_planner(instance)
-    ours = run_portfolio(instance, ORACLE, args.budget, portfolio, args.seed)
+    ours = run(request).result
     if ours.plan is None:
-        print(f"no plan from our portfolio within {ours.wall_s:.1f} s: " + "; ".join(
-            f"{m.solver} {m.status}" + (f" ({m.error})" if m.error else "")
-            + (f" ({m.result.reason.splitlines()[0]})" if m.result is not None and m.result.reason else "")
-            for m in ours.members), file=sys.stderr)
+        print(f"no plan from our portfolio: {ours.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
     sharding_plan = to_torchrec(instance, ours.plan)  # converted before anything is written
     oracle = get_oracle(ORACLE)
@@ -180,7 +178,7 @@ def run_demo(args: argparse.Namespace) -> int:
     else:
         print("certificate: none (no member proved a bound within the budget)")
 
-    report = {"solver": ours.solver, "portfolio": [*portfolio, SAFETY_NET], "oracle": ORACLE, "budget": args.budget,
+    report = {"solver": ours.solver, "portfolio": list(dict.fromkeys([*portfolio, SAFETY_NET])), "oracle": ORACLE, "budget": args.budget,
               "seed": args.seed, "objective": ours.objective, "lower_bound": ours.bound, "gap": ours.gap,
               "wall_seconds": ours.wall_s,
               "torchrec_planner": {"objective": theirs, "seconds": peer.seconds, "failure": peer.failure,

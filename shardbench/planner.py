@@ -20,7 +20,7 @@ from instances.model import SHARDING_TYPES
 from interop.export import ShardableModule, to_torchrec_model
 from interop.importer import cache_load_factor, from_torchrec, host_memory_bytes
 
-from .api import plan as plan_instance
+from .pipeline import plan_request, run
 from .portfolio import PortfolioResult
 
 MODELLED = (EmbeddingBagCollection, EmbeddingCollection)
@@ -85,10 +85,10 @@ class ShardbenchPlanner(ShardingPlanner):
             raise PlannerError("shardbench: the torchrec oracle prices a model of pooled (EmbeddingBagCollection) or "
                                "sequence (EmbeddingCollection) tables, not both; plan this one with oracle='analytic'")
         self.instance = instance
-        self.result = plan_instance(instance, oracle=self._oracle, budget=self._budget, solvers=self._solvers,
-                                    seed=self._seed, gap=self._gap)
+        self.result = run(plan_request(instance, self._oracle, budget=self._budget, solvers=self._solvers,
+                                       seed=self._seed, gap=self._gap)).result
         if self.result.plan is None:
-            reason = _why(self.result)
+            reason = self.result.no_plan_reason
             if "ddr_cap" in reason and self._topology.compute_device == "cuda":  # the hint for host memory fired
                 reason += ("; on a Topology, host memory is its ddr_cap per rank (TorchRec's 128 GiB default reads "
                            "as none)")
@@ -206,9 +206,3 @@ def _allowed_kernels(table: str, given: ParameterConstraints, supported: list[st
                             f"models ({', '.join(KERNELS)}) that the sharder allows for the types {types}"
                             + ("" if host else "; fused_uvm and fused_uvm_caching need the Topology's ddr_cap"))
     return allowed
-
-
-def _why(result: PortfolioResult) -> str:
-    reasons = [m.result.reason if m.result is not None else m.error for m in result.members]
-    reasons = [r for r in reasons if r]
-    return reasons[0] if reasons else "no member returned a plan"

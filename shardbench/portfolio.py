@@ -1,16 +1,15 @@
-"""The portfolio behind `plan`: the recommended solvers and `best-greedy` run side by side, each in its own
-process within the budget; the best validated plan is kept with the best bound any of them proved for
-the problem as posed. A proven optimum of that problem stops the rest at once."""
+"""The portfolio behind `plan` (the race and certify stages of shardbench.pipeline): the members run side
+by side, each in its own process within the budget; the best validated plan is kept with the best bound any
+of them proved for the problem as posed. A proven optimum of that problem stops the rest at once."""
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
 
-from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance
 from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
-from solvers.base import incompatibility, wall_limit
+from solvers.base import wall_limit
 from solvers.bounds import gap_to_bound
 from solvers.candidates import Problem
 
@@ -80,6 +79,7 @@ class PortfolioResult:
     stopped_early: bool = False
     skipped: tuple[str, ...] = ()  # members that cannot plan under this oracle, with the reason
     pricing_s: float = 0.0      # spent pricing the options before the members started (part of the budget)
+    refused: str | None = None  # the proof that no plan fits memory, when the pipeline therefore ran no member
 
     @property
     def no_plan_reason(self) -> str | None:
@@ -87,6 +87,8 @@ class PortfolioResult:
         infeasible, or else each member's own cause."""
         if self.plan is not None:
             return None
+        if self.refused is not None:
+            return f"infeasible: {self.refused}"
         proof = next((m.result.reason for m in self.members if m.posed and m.result is not None
                       and m.result.status == Status.INFEASIBLE and m.result.reason), None)
         if proof:
@@ -109,45 +111,32 @@ def optimal_over(instance: Instance) -> str:
     tiers = " × compute kernels × cache load factors" if instance.uses_host_memory else ""
     if instance.allows_splits:
         return f"the enumerated options (sharding types × shard counts{tiers})"
-    return f"whole-table plans (× compute kernels × cache load factors)" if tiers else "whole-table plans"
+    return "whole-table plans (× compute kernels × cache load factors)" if tiers else "whole-table plans"
 
 
 def _solve(name: str, problem: Problem, budget: Budget, seed: int) -> SolveResult:
     return run_solver(name, problem.instance, problem.oracle, budget, seed, problem=problem)
 
 
-def _priced(instance: Instance, oracle: Oracle, whole_tables: bool) -> Problem:
-    """The problem with its options priced once, here, so that every member forked afterwards shares them
-    instead of pricing them again in its own process."""
-    problem = Problem(instance, oracle)
-    problem.candidates
-    if whole_tables:
-        problem.whole_tables.candidates
-        problem.whole_tables.table_wise
-    return problem
+@dataclass(frozen=True)
+class Race:
+    """How the members ran: each one's outcome, in the order they finished, whether a proven (or
+    good-enough) plan stopped the rest, and the wall time from the clock's start."""
+
+    names: tuple[str, ...]      # the members as entered (ties between equal plans go to the first)
+    members: tuple[Member, ...]
+    stopped: bool
+    wall_s: float
 
 
-def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: list[str], seed: int = 0,
-                  gap: float = 0.0) -> PortfolioResult:
-    """Every member at once, each in its own process, on options priced once before they start. The budget
-    runs from when the oracle is built (loading a library it wraps is start-up, not planning); a member
-    still running when the promised wall time (less the parent's margin) is up is killed, or, when pricing
-    took the budget, once it has had `first_plan_allowance` to build a first plan. A member
-    of the problem as posed whose plan is proven optimal, or certified within `gap` of its bound, stops
-    the rest."""
-    oracle = get_oracle(oracle_name)
-    clock = Budget(budget, gap=gap).begun()
-    def why_not(name: str) -> str | None:
-        return incompatibility(get_solver(name), oracle_is_additive(oracle_name), oracle_prices_tiers(oracle_name),
-                               instance.uses_host_memory)
-
-    names = list(dict.fromkeys([*solvers, SAFETY_NET]))
-    skipped = tuple(f"{name}: {why}" for name in names if (why := why_not(name)))
-    names = [name for name in names if not why_not(name)]
+def race_members(problem: Problem, clock: Budget, pricing: float, names: tuple[str, ...], seed: int) -> Race:
+    """Every member at once, each in its own process, on the priced (sealed) problem. A member still running
+    when the promised wall time (less the parent's margin) is up is killed, or, when pricing took the
+    budget, once it has had `first_plan_allowance` to build a first plan. A member of the problem as posed
+    whose plan is proven optimal, or certified within the clock's gap of its bound, stops the rest."""
+    instance = problem.instance
     posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
-    problem = _priced(instance, oracle, any(not get_solver(name).splits for name in names))
-    pricing = clock.elapsed()
-    kill = max(wall_limit(budget) - PARENT_MARGIN_S - pricing, first_plan_allowance(budget))
+    kill = max(wall_limit(clock.time_limit) - PARENT_MARGIN_S - pricing, first_plan_allowance(clock.time_limit))
     jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), kill) for name in names]
     members: list[Member] = []
 
@@ -167,7 +156,13 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
             last.result.plan is not None and clock.good_enough(last.result.objective, last.result.lower_bound)))
 
     stopped = run_isolated(jobs, len(jobs), finished, proven)
-    wall = clock.elapsed()
+    return Race(tuple(names), tuple(members), stopped, clock.elapsed())
+
+
+def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: float) -> PortfolioResult:
+    """The best member's plan, validated and priced again here (the plan handed over is the plan rated),
+    with the best bound any member proved for the problem as posed (never above the plan)."""
+    instance, members = problem.instance, race.members
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
               for b in (m.result.lower_bound if m.posed else None, m.result.stats.get("option_bound"))
@@ -175,9 +170,9 @@ def run_portfolio(instance: Instance, oracle_name: str, budget: float, solvers: 
     bound = max(bounds) if bounds else None
     with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
     if not with_plan:
-        return PortfolioResult(None, None, None, bound, wall, tuple(members), stopped, skipped, pricing)
-    best = min(with_plan, key=lambda m: (m.result.objective, names.index(m.solver)))
+        return PortfolioResult(None, None, None, bound, race.wall_s, members, race.stopped, skipped, pricing)
+    best = min(with_plan, key=lambda m: (m.result.objective, race.names.index(m.solver)))
     plan = best.result.plan.validate(instance)
-    objective = problem.oracle.plan_cost(instance, plan)  # priced again here: the plan we hand over is the plan we rate
+    objective = problem.oracle.plan_cost(instance, plan)
     return PortfolioResult(plan, best.solver, objective, min(bound, objective) if bound is not None else None,
-                           wall, tuple(members), stopped, skipped, pricing)
+                           race.wall_s, members, race.stopped, skipped, pricing)

@@ -35,20 +35,48 @@ from instances.sharding import COLUMN_WISE, TABLE_WISE
 DOMINANCE_SLACK = 1e-9  # relative: sums of the same costs in another order differ by far less
 
 
+class PricingError(RuntimeError):
+    """Something asked a problem that was priced up front (the planning pipeline's price stage) for
+    prices that stage did not compute: pricing them now would repeat in every process that asks."""
+
+
 @dataclass(eq=False)
 class Problem:
     """An instance and the oracle that prices it; `candidates` and `table_wise` are built on first use
-    and shared by whoever asks (the solver, the bounds, run_solver)."""
+    and shared by whoever asks (the solver, the bounds, run_solver). `priced` builds them up front and
+    seals the problem: a sealed problem prices nothing more on demand (a member forked from the planning
+    pipeline reads what the price stage computed, or fails loudly)."""
 
     instance: Instance
     oracle: Oracle
+    sealed: bool = False
+
+    @classmethod
+    def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False) -> "Problem":
+        """The problem with its options priced (and, for solvers of whole tables, its whole-table
+        restriction with its options and table-wise pieces priced too), sealed."""
+        problem = cls(instance, oracle)
+        problem.candidates
+        if whole_tables:
+            problem.whole_tables.candidates
+            problem.whole_tables.table_wise
+            problem.whole_tables.sealed = True
+        problem.sealed = True
+        return problem
+
+    def _price(self, what: str) -> None:
+        if self.sealed:
+            raise PricingError(f"{what} of {self.instance.id} under {self.oracle.name} was not priced by the price "
+                               "stage; price it there (Problem.priced) instead of in a solver")
 
     @cached_property
     def candidates(self) -> "Candidates":
+        self._price("the sharding options")
         return Candidates.build(self.instance, self.oracle)
 
     @cached_property
     def table_wise(self) -> Priced:
+        self._price("the whole tables")
         return self.oracle.table_wise(self.instance)
 
     @property
@@ -63,6 +91,7 @@ class Problem:
         """The same problem with every table whole (what solvers that do not split are given)."""
         if not self.instance.allows_splits:
             return self
+        self._price("the whole-table restriction")
         return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle)
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from conftest import make_instance
 
-from shardbench.cli import main
-from shardbench.portfolio import run_portfolio
+import shardbench
 from benchmarks.refit import collect_evidence, leave_one_family_out
 from benchmarks.runner import run_suite
 from benchmarks.suite import load_suite
+from shardbench.cli import main
 from shardbench.recommend import NO_PLAN_REGRET, Rules, Workload, applicable, rule_key
 from shardbench.workloads import Features, workload_features
 from costmodels import get_oracle
@@ -120,7 +120,7 @@ def test_refit_recommend_and_plan_end_to_end(evidence, tmp_path, capsys):
 def test_a_proven_optimum_stops_the_portfolio(tmp_path):
     # One table per device: the plan meets the bound at once, and local search's 30 s are not waited for.
     instance = make_instance([(10, 4, 1.0), (10, 4, 1.0)], 2, 10**6)
-    result = run_portfolio(instance, "lookup", 30.0, ["local-search", "lpt"])
+    result = shardbench.plan(instance, "lookup", 30.0, ["local-search", "lpt"])
     assert result.plan is not None and result.wall_s < 20
     assert any(m.status == "optimal" for m in result.members)
 
@@ -129,7 +129,7 @@ def test_a_whole_table_optimum_does_not_stop_a_split_portfolio():
     # One table much heavier than the rest: best-greedy's whole-table plan is optimal among whole-table
     # plans at once, yet splitting that table does better, and the split member must be waited for.
     instance = make_instance([(64, 16, 50.0)] + [(10, 4, 1.0)] * 6, 4, 10**6, types=SHARDING_TYPES)
-    result = run_portfolio(instance, "lookup", 2.0, ["split-greedy"])
+    result = shardbench.plan(instance, "lookup", 2.0, ["split-greedy"])
     whole = run_solver("best-greedy", instance.restricted_to(("table_wise",)), get_oracle("lookup"), Budget(2.0), 0)
     assert whole.status.value == "optimal"
     assert result.solver == "split-greedy" and result.objective < whole.objective * 0.9
@@ -155,20 +155,20 @@ def test_the_portfolio_prices_the_options_once_before_its_members_start(tmp_path
     monkeypatch.setattr(Candidates, "build", classmethod(logged(Candidates.build.__func__)))
     monkeypatch.setattr(Oracle, "table_wise", logged(Oracle.table_wise))
     instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
-    result = run_portfolio(instance, "analytic", 1.0, ["split-greedy", "local-search", "lpt"])
+    result = shardbench.plan(instance, "analytic", 1.0, ["split-greedy", "local-search", "lpt"])
     assert result.plan is not None and len(result.members) == 4 and not result.stopped_early
     assert set(log.read_text().split()) == {str(os.getpid())}  # the members forked afterwards priced nothing
 
 
 def test_a_plan_certified_within_the_gap_stops_the_portfolio():
     instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
-    result = run_portfolio(instance, "analytic", 60.0, ["split-greedy", "local-search"], gap=0.5)
+    result = shardbench.plan(instance, "analytic", 60.0, ["split-greedy", "local-search"], gap=0.5)
     assert result.stopped_early and result.plan is not None and result.gap <= 0.5
 
 
 def test_whole_table_bounds_do_not_bound_a_split_plan():
     instance = sample_tasks(TaskSpec("autoshard", 40, count=1, num_devices=4, memory=MemorySpec(tightness=1.5)))[0]
-    result = run_portfolio(instance, "lookup", 1.0, ["split-greedy"])
+    result = shardbench.plan(instance, "lookup", 1.0, ["split-greedy"])
     whole = run_solver("lpt", instance.restricted_to(("table_wise",)), get_oracle("lookup"), Budget(1.0), 0)
     assert result.bound is not None and result.bound <= result.objective * (1 + 1e-9)
     assert result.objective <= whole.objective * (1 + 1e-9)
@@ -241,15 +241,15 @@ def test_the_shipped_rules_load_and_answer_for_every_oracle_kind():
 def test_members_still_plan_when_pricing_took_the_whole_budget(tmp_path, monkeypatch, capsys):
     # Pricing that outlasts the promised wall time must not leave the members no time at all: each gets
     # its first-plan allowance, and plan says that pricing ran past the budget.
-    import shardbench.portfolio as portfolio
+    from solvers.candidates import Problem
 
-    priced = portfolio._priced
+    priced = Problem.priced.__func__
 
-    def slow(*args):
+    def slow(cls, *args):
         time.sleep(3.0)
-        return priced(*args)
+        return priced(cls, *args)
 
-    monkeypatch.setattr(portfolio, "_priced", slow)
+    monkeypatch.setattr(Problem, "priced", classmethod(slow))
     path = tmp_path / "i.json"
     save_instance(make_instance([(10, 4, 1.0), (20, 4, 2.0), (30, 4, 3.0)], 2, 10**6), path)
     assert main(["plan", str(path), "--oracle", "lookup", "--budget", "0.5", "--solvers", "lpt",

@@ -1,0 +1,270 @@
+"""The one planning pipeline behind every entry point (`shardbench plan`, `shardbench.plan`,
+`ShardbenchPlanner.plan`, `demo`): a frozen request runs named stages in TorchRec's order — narrow → admit →
+choose → price → race → certify → report — each returning an immutable value."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Mapping
+
+from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
+from instances import Instance, InstanceError
+from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
+from solvers.base import incompatibility, memory_infeasibility
+
+from .portfolio import SAFETY_NET, PortfolioResult, Race, optimal_over, race_members, settle
+from .recommend import Rules
+
+# How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
+# CLI) names them its own way.
+PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels"}
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What to plan and how: the instance, the oracle the members optimise, the budget (seconds, pricing
+    included), the gap (a fraction of the bound that stops the search early), the members (None: the
+    recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
+    types and compute kernels to plan with (None: the instance's), and a rules file for the recommender."""
+
+    instance: Instance
+    oracle: str
+    budget: float = 10.0
+    gap: float = 0.0
+    solvers: tuple[str, ...] | None = None
+    seed: int = 0
+    sharding_types: tuple[str, ...] | None = None
+    compute_kernels: tuple[str, ...] | None = None
+    rules: str | Path | None = None
+    names: Mapping[str, str] = field(default_factory=lambda: dict(PYTHON_NAMES))
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The narrowed instance the pipeline may plan, with the members that cannot plan it under the oracle
+    (and why), and — when the instance cannot fit memory at all — the proof, so that no member runs."""
+
+    instance: Instance
+    skipped: tuple[str, ...] = ()
+    unfit: str | None = None
+
+
+@dataclass(frozen=True)
+class Priced:
+    """The problem with its options priced once, before any member forks (members read these prices and
+    price nothing again), the clock that started when the oracle was built, and the seconds pricing took."""
+
+    problem: Problem
+    clock: Budget
+    seconds: float
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What the pipeline hands back: the result, the lines it printed (or would have), and the record a
+    plan file keeps beside the plan."""
+
+    instance: Instance            # as planned (narrowed to the request's types and kernels)
+    result: PortfolioResult
+    members: tuple[str, ...]
+    lines: tuple[str, ...]
+    record: dict
+
+
+# ------------------------------------------------------------------ narrow
+
+
+def narrow(request: PlanRequest) -> Instance:
+    """The instance, validated, planned with only the request's sharding types and compute kernels; every
+    table must keep an option."""
+    instance = request.instance.validate()
+    restricted = instance.restricted_to(request.sharding_types)
+    for table in restricted.tables:
+        if not restricted.allowed_types(table):
+            raise InstanceError(request.names["sharding_types"], f"leaves table {table.name} no sharding type it "
+                                f"allows (it allows {', '.join(instance.allowed_types(table))})")
+    restricted = restricted.restricted_to_kernels(request.compute_kernels)
+    for table in restricted.tables:
+        if not any(restricted.allowed_kernels(table, kind) for kind in restricted.allowed_types(table)):
+            raise InstanceError(request.names["compute_kernels"], f"leaves table {table.name} no compute kernel for "
+                                f"its sharding types ({', '.join(restricted.allowed_types(table))})")
+    return restricted
+
+
+# ------------------------------------------------------------------ admit
+
+
+def check_oracle(instance: Instance, oracle: str) -> None:
+    """Raises SolverOracleMismatch when no solver can plan the instance under this oracle (it does not price
+    tables kept in host memory), and UnknownOracleError for an unknown name — without building the oracle."""
+    mismatch = incompatibility(None, oracle_is_additive(oracle), oracle_prices_tiers(oracle), instance.uses_host_memory)
+    if mismatch:
+        raise SolverOracleMismatch(f"oracle {oracle!r}: {mismatch}")
+
+
+def cannot_fit(instance: Instance) -> str | None:
+    """Why no plan of the instance fits memory, by the solvers' own proof (memory_infeasibility over the
+    options, priced by the cheap lookup oracle: memory is the instance's, whatever the oracle), or None.
+    Whole tables that each fit a device and fit the devices in all cannot trip that proof, which spares
+    large instances building their options."""
+    stored, capacity = instance.table_storage(), instance.topology.capacity.as_array()
+    if (stored.sum(axis=0) <= capacity * instance.num_devices).all() and all(
+            "table_wise" in instance.allowed_types(table) and (need <= capacity).all()
+            for table, need in zip(instance.tables, stored)):
+        return None
+    return memory_infeasibility(Problem(instance, get_oracle("lookup")))
+
+
+def admit(request: PlanRequest, instance: Instance) -> Admitted:
+    """Whether the request can be planned at all: its budget, gap and seed in range, its members known, its
+    oracle known and able to price the instance, and the instance able to fit memory (else the proof);
+    the members the oracle rules out are named with the reason."""
+    Budget(request.budget, gap=request.gap)
+    check_seed(request.seed)
+    for name in request.solvers or ():
+        get_solver(name)
+    check_oracle(instance, request.oracle)
+    members = dict.fromkeys([*(request.solvers or ()), SAFETY_NET])
+    additive, tiers = oracle_is_additive(request.oracle), oracle_prices_tiers(request.oracle)
+    skipped = tuple(f"{name}: {why}" for name in members
+                    if (why := incompatibility(get_solver(name), additive, tiers, instance.uses_host_memory)))
+    return Admitted(instance, skipped, cannot_fit(instance))
+
+
+# ------------------------------------------------------------------ choose
+
+
+def recommended(instance: Instance, oracle: str, budget: float, rules: str | Path | None = None) -> list[str]:
+    """The solvers the shipped (or given) planner-choice rules recommend for this instance, best first."""
+    from .workloads import workload_features
+
+    loaded = Rules.load(Path(rules)) if rules else Rules.load()
+    return loaded.portfolio(workload_features(instance, oracle, budget))
+
+
+def choose(request: PlanRequest, admitted: Admitted) -> tuple[str, ...]:
+    """The portfolio: the request's solvers, or the recommended ones for this workload."""
+    if request.solvers is not None:
+        return tuple(request.solvers)
+    return tuple(recommended(admitted.instance, request.oracle, request.budget, request.rules))
+
+
+def runnable(admitted: Admitted, portfolio: tuple[str, ...]) -> tuple[str, ...]:
+    """The members that run: the portfolio and the safety net, less those the oracle rules out."""
+    ruled_out = {entry.split(":", 1)[0] for entry in admitted.skipped}
+    return tuple(name for name in dict.fromkeys([*portfolio, SAFETY_NET]) if name not in ruled_out)
+
+
+# ------------------------------------------------------------------ price
+
+
+def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool) -> Priced:
+    """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too —
+    so that every member shares them. The budget's clock starts now (building the oracle, which may load
+    a library, is start-up, not planning)."""
+    clock = budget.begun()
+    problem = Problem.priced(instance, oracle, whole_tables)
+    return Priced(problem, clock, clock.elapsed())
+
+
+# ------------------------------------------------------------------ race and certify
+
+
+def race(priced: Priced, members: tuple[str, ...], seed: int) -> Race:
+    """The members side by side, each in its own process on the priced problem (shardbench.portfolio)."""
+    return race_members(priced.problem, priced.clock, priced.seconds, members, seed)
+
+
+def certify(priced: Priced, run: Race, skipped: tuple[str, ...]) -> PortfolioResult:
+    """The best member's plan validated against the instance and priced again (the plan handed over is the
+    plan rated), with the best bound any member proved for the problem as posed."""
+    return settle(priced.problem, run, skipped, priced.seconds)
+
+
+# ------------------------------------------------------------------ report
+
+
+def _load_factors(result: PortfolioResult) -> str:
+    factors = sorted(t.cache_load_factor for t in result.plan.tables if t.cache_load_factor is not None)
+    return f" (cache load factors {', '.join(f'{f:g}' for f in dict.fromkeys(factors))})" if factors else ""
+
+
+def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
+    """What `plan` prints once the race is over: each member's verdict (the kept one first), what was
+    skipped or stopped, and — with a plan — its cost, types, kernels and certificate."""
+    lines = [f"  options priced once in {result.pricing_s:.2f} s" + (
+        ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")]
+    kept = [m for m in result.members if m.solver == result.solver]
+    others = sorted((m for m in result.members if m.solver != result.solver),
+                    key=lambda m: (m.objective is None, m.objective or 0))
+    for m in kept + others:
+        line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
+        if m.objective is not None:
+            line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
+        lines.append(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
+    lines += [f"  skipped {skipped}" for skipped in result.skipped]
+    if result.stopped_early:
+        lines.append("  a proven optimum stopped the others" if request.gap == 0 else
+                     f"  a plan certified within {100 * request.gap:g} % (or a proven optimum) stopped the others")
+    if result.plan is None:
+        return lines
+    types = result.plan.sharding_types()
+    lines += [f"best plan: {result.solver}, max device cost {result.objective:.6g} {unit}; {result.wall_s:.1f} s",
+              "  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()),
+              "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
+              + _load_factors(result)]
+    gap = result.gap
+    lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {optimal_over(instance)}"
+                 if gap is not None else "  certificate: none (no member proved a bound)")
+    return lines
+
+
+def report_record(request: PlanRequest, instance: Instance, result: PortfolioResult, members: tuple[str, ...]) -> dict:
+    """The report a plan file keeps beside the plan."""
+    return {
+        "solver": result.solver, "portfolio": list(members), "oracle": request.oracle, "budget": request.budget,
+        "seed": request.seed, "gap_target": request.gap, "objective": result.objective, "lower_bound": result.bound,
+        "gap": result.gap, "optimal_over": optimal_over(instance),
+        "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
+        "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,
+        "pricing_seconds": result.pricing_s, "sharding_types": list(instance.sharding_types),
+        "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
+                     "seconds": m.seconds, "reason": m.why} for m in result.members]}
+
+
+# ------------------------------------------------------------------ the pipeline
+
+
+def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> PlanReport:
+    """Every stage in turn; `echo` receives each line of the report as soon as its stage has it (the CLI
+    prints them while the members race)."""
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if echo is not None:
+            echo(line)
+
+    instance = narrow(request)
+    admitted = admit(request, instance)
+    if admitted.unfit is not None:
+        result = PortfolioResult(None, None, None, None, 0.0, skipped=admitted.skipped, refused=admitted.unfit)
+        return PlanReport(instance, result, (), tuple(lines), report_record(request, instance, result, ()))
+    portfolio = choose(request, admitted)
+    members = runnable(admitted, portfolio)
+    say(f"{instance.id} under {request.oracle}, budget {request.budget:g} s: running "
+        f"{' + '.join(dict.fromkeys([*portfolio, SAFETY_NET]))}")
+    oracle = get_oracle(request.oracle)
+    priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
+                   any(not get_solver(name).splits for name in members))
+    result = certify(priced, race(priced, members, request.seed), admitted.skipped)
+    for line in report_lines(request, instance, result, oracle.unit):
+        say(line)
+    entered = tuple(dict.fromkeys([*portfolio, SAFETY_NET]))
+    return PlanReport(instance, result, entered, tuple(lines), report_record(request, instance, result, entered))
+
+
+def plan_request(instance: Instance, oracle: str, **options) -> PlanRequest:
+    """A request with the solvers given as any sequence (kept as a tuple)."""
+    solvers = options.pop("solvers", None)
+    return replace(PlanRequest(instance, oracle, **options), solvers=None if solvers is None else tuple(solvers))

@@ -1,0 +1,155 @@
+"""The planning pipeline stage by stage (narrow, admit, choose, price, race, certify, report), and every
+entry point calling it: the CLI's `plan` and `shardbench.plan` give the same plan for the same
+deterministic member and defaults."""
+import json
+
+import pytest
+from conftest import make_instance
+
+import shardbench
+from costmodels import get_oracle
+from instances import InstanceError, save_instance
+from instances.model import SHARDING_TYPES
+from shardbench.cli import main
+from shardbench.pipeline import (
+    PlanRequest,
+    admit,
+    certify,
+    choose,
+    narrow,
+    price,
+    race,
+    report_lines,
+    report_record,
+    run,
+    runnable,
+)
+from shardbench.portfolio import SAFETY_NET
+from solvers import Budget, SolverOracleMismatch, UnknownSolverError
+from solvers.candidates import PricingError
+
+
+def _split():
+    # One table much heavier than the rest: the best plan splits it.
+    return make_instance([(64, 16, 50.0)] + [(10, 4, 1.0)] * 6, 4, 10**6, "split", types=SHARDING_TYPES)
+
+
+def test_narrow_restricts_types_and_kernels_and_names_the_argument_that_left_a_table_none():
+    request = PlanRequest(_split(), "lookup", sharding_types=("table_wise", "column_wise"))
+    assert narrow(request).sharding_types == ("table_wise", "column_wise")
+    instance = make_instance([(10, 4, 1.0)], 2, 10**6, types=("row_wise",))
+    with pytest.raises(InstanceError, match="^sharding_types: leaves table t0"):
+        narrow(PlanRequest(instance, "lookup", sharding_types=("table_wise",)))
+    cli = PlanRequest(instance, "lookup", sharding_types=("table_wise",),
+                      names={"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels"})
+    with pytest.raises(InstanceError, match="^--sharding-types: leaves table t0"):
+        narrow(cli)
+    with pytest.raises(InstanceError, match="^compute_kernels: leaves table t0"):
+        narrow(PlanRequest(_split(), "lookup", compute_kernels=("fused_uvm",)))
+
+
+def test_admit_checks_names_oracle_and_fit_before_anything_is_priced():
+    instance = _split()
+    with pytest.raises(UnknownSolverError):
+        admit(PlanRequest(instance, "lookup", solvers=("nope",)), instance)
+    admitted = admit(PlanRequest(instance, "neural-dreamshard", solvers=("cpsat", "split-greedy")), instance)
+    assert [entry.split(":")[0] for entry in admitted.skipped] == ["cpsat"] and admitted.unfit is None
+    assert runnable(admitted, ("cpsat", "split-greedy")) == ("split-greedy", SAFETY_NET)
+    crowded = make_instance([(1000, 64, 1.0)] * 4, 2, 200_000, "crowded")
+    assert "tables need" in admit(PlanRequest(crowded, "lookup"), crowded).unfit
+    tiered = make_instance([(10, 4, 1.0)], 2, 10**6)
+    from dataclasses import replace
+    tiered = replace(tiered, topology=replace(tiered.topology, host_memory_bytes=10**9)).validate()
+    with pytest.raises(SolverOracleMismatch, match="host memory"):
+        admit(PlanRequest(tiered, "lookup"), tiered)
+
+
+def test_choose_takes_the_given_solvers_or_the_recommendation():
+    instance = _split()
+    given = PlanRequest(instance, "lookup", solvers=("lpt", "split-greedy"))
+    assert choose(given, admit(given, instance)) == ("lpt", "split-greedy")
+    recommended = PlanRequest(instance, "lookup")
+    chosen = choose(recommended, admit(recommended, instance))
+    assert chosen and all(isinstance(name, str) for name in chosen)
+
+
+def test_price_seals_the_problem_members_get():
+    instance = _split()
+    priced = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False)
+    assert priced.clock.started is not None and priced.seconds >= 0
+    assert priced.problem.candidates is priced.problem.candidates  # priced once, read as often as asked
+    with pytest.raises(PricingError, match="price stage"):
+        priced.problem.whole_tables  # no whole-table member was to run: a solver asking for it is a bug
+    both = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=True)
+    assert both.problem.whole_tables.table_wise is not None and both.problem.whole_tables.sealed
+
+
+def test_race_and_certify_keep_the_best_validated_plan_and_break_ties_by_entry_order():
+    instance = make_instance([(10, 4, 1.0), (10, 4, 1.0), (20, 4, 1.0), (20, 4, 1.0)], 2, 10**6)
+    priced = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=True)
+    run_ = race(priced, ("lpt", SAFETY_NET), seed=0)
+    assert run_.names == ("lpt", SAFETY_NET) and {m.solver for m in run_.members} <= {"lpt", SAFETY_NET}
+    result = certify(priced, run_, ())
+    assert result.plan is not None and result.objective == get_oracle("lookup").plan_cost(instance, result.plan)
+    # Both find the optimum; the member entered first keeps it, whichever finished first.
+    tied = [m for m in result.members if m.objective == result.objective]
+    if len(tied) == 2:
+        assert result.solver == "lpt"
+    assert result.bound is not None and result.bound <= result.objective
+
+
+def test_report_lines_and_record_say_what_was_planned():
+    instance = _split()
+    request = PlanRequest(instance, "lookup", budget=2.0, solvers=("split-greedy",))
+    report = run(request)
+    assert report.lines[0] == "split under lookup, budget 2 s: running split-greedy + best-greedy"
+    assert report.lines == tuple([report.lines[0], *report_lines(request, instance, report.result, "proxy units")])
+    assert report.record == report_record(request, instance, report.result, report.members)
+    assert report.record["portfolio"] == ["split-greedy", SAFETY_NET]
+    assert report.record["objective"] == report.result.objective
+
+
+def test_an_instance_that_cannot_fit_runs_no_member():
+    crowded = make_instance([(1000, 64, 1.0)] * 4, 2, 200_000, "crowded")
+    result = shardbench.plan(crowded, "lookup", 1.0, ["lpt"])
+    assert result.plan is None and result.members == ()
+    assert result.no_plan_reason.startswith("infeasible: tables need")
+
+
+def test_the_cli_and_python_give_the_same_plan_for_a_deterministic_member(tmp_path):
+    instance = _split()
+    path = tmp_path / "i.json"
+    save_instance(instance, path)
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--budget", "2", "--solvers", "split-greedy", "-o", str(out)]) == 0
+    python = shardbench.plan(instance, budget=2.0, solvers=["split-greedy"])
+    from instances import load_plan
+
+    assert load_plan(out, instance) == python.plan
+    assert json.loads(out.read_text())["report"]["oracle"] == "analytic"
+
+
+def test_the_registries_resolve_torchrec_entries_whatever_was_imported_first():
+    import subprocess
+    import sys
+
+    code = ("import sys; from costmodels import oracle_is_additive, oracle_prices_tiers, is_costly, get_oracle; "
+            "from solvers import get_solver; "
+            "print(oracle_is_additive('torchrec'), oracle_prices_tiers('torchrec'), is_costly('torchrec'), "
+            "'shardbench' in sys.modules, 'torchrec' in sys.modules, get_solver('torchrec-planner').peer, "
+            "get_oracle('torchrec').name)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    # Capabilities come from the class without building the oracle (torchrec not loaded until it is built).
+    assert done.stdout.split() == ["True", "True", "True", "False", "False", "True", "torchrec"], done.stderr[-2000:]
+
+
+def test_every_oracles_capabilities_are_its_class_attributes():
+    from costmodels import is_costly, oracle_class, oracle_is_additive, oracle_names, oracle_prices_tiers
+
+    for name in oracle_names():
+        cls = oracle_class(name)
+        assert (oracle_is_additive(name), oracle_prices_tiers(name), is_costly(name)) == \
+            (cls.additive, cls.prices_tiers, cls.costly)
+        if not cls.costly:
+            built = get_oracle(name)
+            assert isinstance(built, cls) and built.additive == cls.additive
