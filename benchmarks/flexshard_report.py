@@ -21,6 +21,8 @@ from instances import (
 from instances.model import BucketSpec, RowDistribution
 from instances.rowdist import PowerLawRows
 
+from .pages import plot_line
+
 # FlexShard Table 4 and Table 5 (rows per tier and predicted coverage).
 PAPER = {
     "RM-1": {"rows": 30_000_000, "length": 1000, "2-tier": (346_144, 0.525), "3-tier": (100_064, 0.368, 1_184_544, 0.306)},
@@ -158,8 +160,9 @@ def main(argv=None) -> int:
     timing_lines = ["| task | median s | max s | peak RSS (GiB, whole process) |", "|---|---|---|---|"]
     timing_lines += [f"| {t['task']} | {t['median_seconds']:.2f} | {t['max_seconds']:.2f} | {t['peak_rss_gib']:.2f} |"
                      for t in timings]
-    text = (f"### FlexShard on RM-like models (Table 5)\n\n{table}\n\n### Speed ({args.repeats} runs each, one fresh "
-            f"process per run)\n\n" + "\n".join(timing_lines) + "\n")
+    plot = plot_line(out / "report.md", out / "rm2_frontier.png", "RM-2: DP top rows against RW (Fig. 5)")
+    text = (f"### FlexShard on RM-like models (Table 5)\n\n{table}\n\n{plot}\n\n### Speed ({args.repeats} runs each, "
+            f"one fresh process per run)\n\n" + "\n".join(timing_lines) + "\n")
     (out / "report.md").write_text(text)
     (out / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
     print(text)
