@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from benchmarks import backfill_revisions
 from benchmarks.environment import checkout_revision, revision
 from benchmarks.leaderboard import publish_leaderboard
 from benchmarks.pages import plot_line, revisions_line, short_revision
@@ -81,6 +82,18 @@ def test_the_store_refuses_an_unknown_schema_version_or_a_revision_that_is_not_a
 def test_the_store_reads_every_known_version(tmp_path, fields):
     assert read_records(_store(tmp_path, **fields)) == [{**RECORD, **fields}]
     assert SCHEMA_VERSIONS == (1, 2)
+
+
+def test_the_backfill_adds_the_version_1_fields_and_keeps_every_other_byte(monkeypatch):
+    monkeypatch.setattr(backfill_revisions, "parent", lambda commit: f"parent-of-{commit}")
+    record = {"b": 1.0000000000000002, "a": [1, {"z": None}], "c": "← x"}
+    added = {"schema_version": 1, "revision": "parent-of-c1", "revision_note": backfill_revisions.NOTE}
+    # As the store writes records (keys sorted), and in the order a writer that does not sort left them.
+    assert backfill_revisions.backfilled(json.dumps(record, sort_keys=True), "c1") == \
+        json.dumps({**record, **added}, sort_keys=True)
+    assert backfill_revisions.backfilled(json.dumps(record), "c1") == json.dumps({**record, **added})
+    versioned = json.dumps({**record, **added})
+    assert backfill_revisions.backfilled(versioned, "c2") == versioned
 
 
 def test_revisions_line_counts_each_revision_and_notes_the_backfilled():
