@@ -16,7 +16,7 @@ from benchmarks.environment import checkout_revision, revision
 from benchmarks.leaderboard import publish_leaderboard
 from benchmarks.pages import plot_line, revisions_line, short_revision
 from benchmarks.store import SCHEMA_VERSIONS, StoreError, read_records
-from benchmarks.suite import load_suite
+from benchmarks.suite import STORES, load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -82,6 +82,14 @@ def test_the_store_refuses_an_unknown_schema_version_or_a_revision_that_is_not_a
 def test_the_store_reads_every_known_version(tmp_path, fields):
     assert read_records(_store(tmp_path, **fields)) == [{**RECORD, **fields}]
     assert SCHEMA_VERSIONS == (1, 2)
+
+
+def test_every_committed_record_names_its_schema_version_and_revision():
+    for store in sorted(STORES.rglob("*.jsonl")):
+        for number, line in enumerate(store.read_text().splitlines(), start=1):
+            record = json.loads(line)
+            assert record.get("schema_version") in SCHEMA_VERSIONS and isinstance(record.get("revision"), str), \
+                f"{store}:{number}"
 
 
 def test_the_backfill_adds_the_version_1_fields_and_keeps_every_other_byte(monkeypatch):
