@@ -79,7 +79,7 @@ def merged_instance(tables: int = 100, rows: int = 10_000_000) -> Instance:
 
 
 def report_markdown(instances) -> str:
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
 
     lines = ["| model | design | DP rows (ours / paper) | DP coverage (ours / paper) | Flex rows (ours / paper) "
              "| Flex coverage (ours / paper) | RW coverage | global a2a vs RW | memory per GPU vs RW |",
@@ -105,12 +105,12 @@ task = {task!r}
 start = time.perf_counter()
 if task == "tier-30M":
     from benchmarks.flexshard_report import _rm_instance
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
     shard = flexshard_for(_rm_instance("RM-1", 0.9), 6.0)
     shard.two_tier(); shard.three_tier()
 elif task == "merge-100x10M":
     from benchmarks.flexshard_report import merged_instance
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
     shard = flexshard_for(merged_instance(), 6.0)
     shard.two_tier(); shard.three_tier()
 elif task == "partition-1M":
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = report_markdown(instances)
-    from benchmarks.rows_cli import flexshard_for, plot_frontier
+    from shardbench.rows_cli import flexshard_for, plot_frontier
 
     plot_frontier(flexshard_for(instances[1], 6.0), str(out / "rm2_frontier.png"), "RM-2: DP top rows vs RW (Fig. 5)")
     timings = [time_task(task, args.repeats) for task in ("tier-30M", "merge-100x10M", "partition-1M")]
