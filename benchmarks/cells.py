@@ -19,7 +19,7 @@ from solvers import Budget, Candidates, best_option_bound, get_solver, run_solve
 from solvers.base import incompatibility
 
 from .analysis import TABLE_WISE_SETTING, setting_types
-from .environment import environment
+from .environment import provenance, revision
 from .metrics import degree_of_balance
 from .suite import Suite
 
@@ -116,15 +116,15 @@ def execute_cell(cell: Cell) -> dict:
                       memory_capacity=instance.topology.memory_bytes, types_used=result.plan.sharding_types(),
                       plan=compact(result.plan, instance))
     record["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the cell's process
-    record["env"] = environment()
+    record.update(provenance())
     return record
 
 
 def error_record(cell: Cell, message: str, elapsed: float, status: str = "error") -> dict:
-    """The record of a cell that left none of its own (an error, a death, a kill); `env` is that of the
-    process writing it."""
+    """The record of a cell that left none of its own (an error, a death, a kill); its provenance is that of
+    the process writing it."""
     return {**cell.record_base(), "status": status, "error": message, "solve_time": elapsed,
-            "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices, "env": environment()}
+            "num_tables": cell.instance.num_tables, "num_devices": cell.instance.num_devices, **provenance()}
 
 
 def outcome_record(outcome: Outcome) -> dict:
@@ -154,4 +154,5 @@ def run_cells(cells: list[Cell], workers: int, on_record: Callable[[dict], None]
             progress(latest[0])
 
     jobs = [Job(cell, functools.partial(execute_cell, cell), cell_deadline(cell)) for cell in cells]
+    revision()  # read here, once: the forked cells inherit it instead of each running git beside the solvers
     run_isolated(jobs, workers, finished, None if stop is None else lambda _: stop(latest[0]))

@@ -167,6 +167,7 @@ def _cmd_train_policy(args: argparse.Namespace) -> int:
 
 def _cmd_summarize(args: argparse.Namespace) -> int:
     from .leaderboard import sweep_table
+    from .pages import revisions_line
     from .store import read_records
     from .suite import load_suites
 
@@ -181,7 +182,8 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     table = sweep_table(named, args.metric)
     print(table)
     if args.output:
-        write_text_atomic(args.output, f"{args.title}\n\n{table}\n" if args.title else table + "\n")
+        revisions = revisions_line([record for _, records in named for record in records])
+        write_text_atomic(args.output, (f"{args.title}\n\n" if args.title else "") + f"{table}\n\n{revisions}\n")
     return 0
 
 

@@ -14,6 +14,8 @@ from costmodels.dataset import combination_tables, load_dataset
 from costmodels.neural import TrainedModel, accuracy, predict_total, shipped_model_path
 from instances import Instance, Topology, Workload
 
+from .pages import plot_line
+
 
 def analytic_compute_seconds(record: dict) -> float:
     tables = tuple(combination_tables(record))
@@ -80,6 +82,9 @@ def report(dataset: Path, out: Path) -> str:
     out.mkdir(parents=True, exist_ok=True)
     fig.savefig(out / "fidelity.png", dpi=110)
     plt.close(fig)
+    lines += ["", plot_line(out / "fidelity.md", out / "fidelity.png",
+                            "left: multi-table cost against the sum of single-table costs; right: each oracle "
+                            "against the measured cost on held-out combinations")]
     text = "\n".join(lines) + "\n"
     (out / "fidelity.md").write_text(text)
     return text

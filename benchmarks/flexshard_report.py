@@ -21,6 +21,8 @@ from instances import (
 from instances.model import BucketSpec, RowDistribution
 from instances.rowdist import PowerLawRows
 
+from .pages import plot_line
+
 # FlexShard Table 4 and Table 5 (rows per tier and predicted coverage).
 PAPER = {
     "RM-1": {"rows": 30_000_000, "length": 1000, "2-tier": (346_144, 0.525), "3-tier": (100_064, 0.368, 1_184_544, 0.306)},
@@ -77,7 +79,7 @@ def merged_instance(tables: int = 100, rows: int = 10_000_000) -> Instance:
 
 
 def report_markdown(instances) -> str:
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
 
     lines = ["| model | design | DP rows (ours / paper) | DP coverage (ours / paper) | Flex rows (ours / paper) "
              "| Flex coverage (ours / paper) | RW coverage | global a2a vs RW | memory per GPU vs RW |",
@@ -103,12 +105,12 @@ task = {task!r}
 start = time.perf_counter()
 if task == "tier-30M":
     from benchmarks.flexshard_report import _rm_instance
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
     shard = flexshard_for(_rm_instance("RM-1", 0.9), 6.0)
     shard.two_tier(); shard.three_tier()
 elif task == "merge-100x10M":
     from benchmarks.flexshard_report import merged_instance
-    from benchmarks.rows_cli import flexshard_for
+    from shardbench.rows_cli import flexshard_for
     shard = flexshard_for(merged_instance(), 6.0)
     shard.two_tier(); shard.three_tier()
 elif task == "partition-1M":
@@ -151,15 +153,16 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = report_markdown(instances)
-    from benchmarks.rows_cli import flexshard_for, plot_frontier
+    from shardbench.rows_cli import flexshard_for, plot_frontier
 
     plot_frontier(flexshard_for(instances[1], 6.0), str(out / "rm2_frontier.png"), "RM-2: DP top rows vs RW (Fig. 5)")
     timings = [time_task(task, args.repeats) for task in ("tier-30M", "merge-100x10M", "partition-1M")]
     timing_lines = ["| task | median s | max s | peak RSS (GiB, whole process) |", "|---|---|---|---|"]
     timing_lines += [f"| {t['task']} | {t['median_seconds']:.2f} | {t['max_seconds']:.2f} | {t['peak_rss_gib']:.2f} |"
                      for t in timings]
-    text = (f"### FlexShard on RM-like models (Table 5)\n\n{table}\n\n### Speed ({args.repeats} runs each, one fresh "
-            f"process per run)\n\n" + "\n".join(timing_lines) + "\n")
+    plot = plot_line(out / "report.md", out / "rm2_frontier.png", "RM-2: DP top rows against RW (Fig. 5)")
+    text = (f"### FlexShard on RM-like models (Table 5)\n\n{table}\n\n{plot}\n\n### Speed ({args.repeats} runs each, "
+            f"one fresh process per run)\n\n" + "\n".join(timing_lines) + "\n")
     (out / "report.md").write_text(text)
     (out / "timings.json").write_text(json.dumps(timings, indent=1) + "\n")
     print(text)

@@ -2,7 +2,7 @@
 mean ± std of the metrics over the cells that produced a plan, next to counts of every cell that did not
 (infeasible, no plan, error), so that nothing is silently dropped; plus a PNG plot, where a planner without a
 value is a labelled row. Where a suite plans under several sharding settings, each row also shows its plans
-against the best plan of any setting."""
+against the best plan of any setting. A page shows its plot and names the code revisions of its records."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -25,6 +25,7 @@ from .analysis import (
     setting_of,
 )
 from .metrics import gap_to_bound, speedup_over_random
+from .pages import plot_line, revisions_line
 from .store import cell_key
 from .suite import Suite
 
@@ -308,11 +309,14 @@ def leaderboard_plot(records: list[dict], path: Path, title: str) -> None:
 
 
 def publish_leaderboard(suite: Suite, records: list[dict]) -> str:
-    """Writes a suite's leaderboard page and plot from its records; returns the page's Markdown."""
+    """Writes a suite's plot and then its leaderboard page, which shows the plot and names the code revisions
+    of the records; returns the page's Markdown."""
     title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
-    markdown = leaderboard_markdown(records, title)
-    write_text_atomic(suite.leaderboard_path, markdown + "\n")
     leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    plot = plot_line(suite.leaderboard_path, suite.plot_path,
+                     f"{suite.name}: the leaderboard per solver (bars: means; whiskers: min–max)")
+    markdown = "\n".join((leaderboard_markdown(records, title), plot, "", revisions_line(records)))
+    write_text_atomic(suite.leaderboard_path, markdown + "\n")
     return markdown
 
 

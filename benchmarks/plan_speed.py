@@ -24,7 +24,8 @@ from shardbench.api import plan as shardbench_plan
 from shardbench.args import EXIT_ERROR, GAP_PERCENT, POSITIVE, TIME_LIMIT, Parser
 from solvers.base import wall_limit
 
-from .environment import environment
+from .environment import provenance
+from .pages import revisions_line
 from .suite import PAGES, STORES
 
 def measure(instance, budget: float, gap: float = 0.0) -> dict:
@@ -40,12 +41,12 @@ def measure(instance, budget: float, gap: float = 0.0) -> dict:
     if ours.plan is None:
         return {"instance": instance.id, "budget": budget, "gap_target": gap, "status": "no_plan",
                 "reason": ours.no_plan_reason,
-                "torchrec_seconds": their_seconds, "seconds": our_seconds, "env": environment()}
+                "torchrec_seconds": their_seconds, "seconds": our_seconds, **provenance()}
     return {"instance": instance.id, "budget": budget, "gap_target": gap, "status": "plan", "solver": ours.solver,
             "objective": judge.plan_cost(instance, ours.plan), "bound": ours.bound, "gap": ours.gap,
             "pricing_seconds": ours.pricing_s, "seconds": our_seconds,
             "torchrec_objective": judge.plan_cost(instance, theirs), "torchrec_seconds": their_seconds,
-            "env": environment()}
+            **provenance()}
 
 
 def page(records: list[dict], source: str) -> str:
@@ -75,6 +76,7 @@ def page(records: list[dict], source: str) -> str:
                       f"{int((ratio >= 1 - 1e-9).sum())}/{len(records)}; TorchRec's plan / ours median "
                       f"{np.median(ratio):.4f}× (min {ratio.min():.4f}×). Our time / TorchRec's: median "
                       f"{np.median(times):.3f} (max {times.max():.3f}); past 1.1 × budget + 2 s: {over}/{len(records)}."]
+    lines += ["", revisions_line(records)]
     return "\n".join(lines) + "\n"
 
 

@@ -12,6 +12,12 @@ from pathlib import Path
 
 from instances.io import write_text_atomic
 
+# The record schema. Version 2 records carry `schema_version` and `revision`: the git commit of the code
+# that produced them, "+dirty" where tracked code differed from it, "unknown" outside a checkout
+# (benchmarks.environment.revision). Records without the field are version 1; a committed one may carry
+# a backfilled `revision` with a `revision_note` saying how it was inferred.
+SCHEMA_VERSION = 2
+SCHEMA_VERSIONS = (1, 2)
 KEY_FIELDS = ("instance", "solver", "oracle", "time_limit", "seed")
 REQUIRED_FIELDS = (*KEY_FIELDS, "status", "solve_time")
 STATUSES = ("optimal", "feasible", "infeasible", "no_plan", "error", "timeout")
@@ -21,10 +27,12 @@ _NUMBER = (int, float)
 FIELD_TYPES = {"instance": str, "solver": str, "oracle": str, "judge": str, "sharding": str, "time_limit": _NUMBER,
                "seed": int,
                "status": str, "objective": _NUMBER, "balance": _NUMBER, "solve_time": _NUMBER,
-               "lower_bound": _NUMBER, "instance_bound": _NUMBER, "env": dict, "instance_set": str}
+               "lower_bound": _NUMBER, "instance_bound": _NUMBER, "env": dict, "instance_set": str,
+               "schema_version": int, "revision": str, "revision_note": str}
 # Records written before a field existed lack it: "env" (machine and library versions) and
-# "instance_set" came late.
-OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound", "env", "instance_set")
+# "instance_set" came late, and version 1 records have no "schema_version" and no "revision" of their own.
+OPTIONAL = ("judge", "sharding", "objective", "balance", "lower_bound", "instance_bound", "env", "instance_set",
+            "schema_version", "revision", "revision_note")
 WITH_A_PLAN = ("balance",)  # required when the record has an objective
 
 
@@ -55,7 +63,17 @@ def _check_record(record, where: str) -> dict:
             raise StoreError(f"{where}: {key}: must be finite, got {value!r}")
     if record["status"] not in STATUSES:
         raise StoreError(f"{where}: status: unknown status {record['status']!r}")
+    _check_schema(record, where)
     return record
+
+
+def _check_schema(record: dict, where: str) -> None:
+    version = record.get("schema_version", 1)
+    if version not in SCHEMA_VERSIONS:
+        raise StoreError(f"{where}: schema_version: unknown version {version!r} (this harness reads "
+                         f"{', '.join(map(str, SCHEMA_VERSIONS))})")
+    if version >= 2 and record.get("revision") is None:
+        raise StoreError(f"{where}: revision: missing (a version {version} record names the code it came from)")
 
 
 def read_records(path: Path) -> list[dict]:

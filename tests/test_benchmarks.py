@@ -11,11 +11,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shardbench.cli import main
-from benchmarks.environment import LIBRARIES, environment
+from benchmarks.environment import LIBRARIES, environment, revision
 from benchmarks.leaderboard import leaderboard_markdown, leaderboard_rows
 from benchmarks.metrics import degree_of_balance, gap_to_bound, speedup_over_random
+from benchmarks.pages import short_revision
 from benchmarks.runner import run_suite
-from benchmarks.store import StoreError, read_records
+from benchmarks.store import SCHEMA_VERSION, StoreError, read_records
 from benchmarks.suite import SuiteError, load_suite, load_suites
 from instances import load_instance, load_plan, save_instance, save_instance_set
 from instances.sampler import MemorySpec, TaskSpec, sample_tasks
@@ -93,8 +94,9 @@ def test_runner_isolates_crashes_hangs_and_invalid_plans(tmp_path, small_set, mo
     assert rows["test-raises"].errors == 2 and rows["test-raises"].with_plan == 0
     markdown = leaderboard_markdown(records, "t")
     assert "| test-hangs | 0/2 | 0 | 0 | 0 | 0 | 2 | n/a |" in markdown
-    # Error and timeout rows as well as solved ones say where they were produced.
-    assert all(r["env"] == environment() for r in records)
+    # Error and timeout rows as well as solved ones say where and from which code they were produced.
+    assert all(r["env"] == environment() and r["revision"] == revision() and r["schema_version"] == 2
+               for r in records)
 
 
 def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
@@ -111,19 +113,22 @@ def test_runner_resumes_and_skips_finished_cells(tmp_path, small_set):
     assert len(read_records(suite.results)) == 8 and len(third) == 8
 
 
-def test_records_carry_machine_and_versions_and_stores_without_them_still_read(tmp_path, small_set):
+def test_records_carry_machine_versions_and_revision_and_stores_without_them_still_read(tmp_path, small_set):
     suite = load_suite(_write_suite(tmp_path, ["lpt"]))
     records = run_suite(suite, quiet=True)
     env = records[0]["env"]
     assert set(env) == {"machine", "python", *LIBRARIES}
     assert env["machine"]["cores"] >= 1 and env["machine"]["cpu"] and env["python"].startswith("3.")
     assert env["numpy"] == np.__version__
-    # A store written before records carried their environment (as the committed ones were) reads, and
-    # its leaderboard is the same as with the field.
+    assert all(r["schema_version"] == SCHEMA_VERSION == 2 for r in records)
+    assert all(isinstance(r["revision"], str) and r["revision"] == revision() for r in records)
+    # A store written before records carried their environment and revision (version 1, as the committed
+    # ones were) reads, and its leaderboard is the same as with the fields.
     lines = suite.results.read_text().splitlines()
     old = [json.loads(line) for line in lines]
     for record in old:
-        record.pop("env")
+        for field in ("env", "schema_version", "revision"):
+            record.pop(field)
     suite.results.write_text("".join(json.dumps(r) + "\n" for r in old))
     assert read_records(suite.results) == old
     assert leaderboard_markdown(old, "t") == leaderboard_markdown(records, "t")
@@ -285,6 +290,7 @@ def test_cli_bench_writes_leaderboard_and_plot(tmp_path, small_set, capsys, monk
     out = tmp_path / "out"
     store, page, plot = out / "t.jsonl", out / "t.md", out / "t.png"
     assert "| lpt | 2/2 |" in page.read_text() and plot.stat().st_size > 1000
+    assert "](t.png)\n" in page.read_text() and f"`{short_revision(revision())}` (8 records)" in page.read_text()
     stored = store.read_bytes()
     page.unlink()
     plot.unlink()
@@ -365,7 +371,8 @@ def test_cli_summarize_tabulates_a_sweep(tmp_path, small_set, capsys):
     assert main(["summarize", str(suite), str(suite), "--metric", "gap", "--title", "### sweep", "-o", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert lines[0] == "### sweep" and lines[2] == "| suite | lpt | size-greedy | random |"
-    assert len(lines) == 6 and all(line.startswith("| t | ") and line.count(" % ") == 3 for line in lines[4:])
+    assert len(lines) == 8 and all(line.startswith("| t | ") and line.count(" % ") == 3 for line in lines[4:6])
+    assert lines[7] == f"Numbers from revision `{short_revision(revision())}` (16 records)."  # the suite twice
 
 
 def test_cli_bench_rerun_runs_only_the_named_solvers_again(tmp_path, small_set, capsys):

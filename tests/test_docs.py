@@ -1,6 +1,6 @@
 """The documentation stays true to the code: docs/cli.md is what the parser generates, the generator walks
-every command a parser has, the README stays a short guide, and relative links in README and docs/ lead
-to files and headings that exist."""
+every command a parser has, the README stays a short guide, relative links in README and docs/ lead
+to files and headings that exist, and every results plot is shown by its page."""
 from __future__ import annotations
 
 import argparse
@@ -88,3 +88,16 @@ def test_links_into_results_pages_resolve():
         pytest.skip("docs/results/ (the generated results pages) is not in this checkout")
     missing = _missing_links(results=True)
     assert not missing, "links to missing results pages: " + "; ".join(missing)
+
+
+def test_every_results_plot_is_shown_by_its_page():
+    """A plot in docs/results is embedded by the page of the same name, or, without one, by a page beside it."""
+    if not (ROOT / "docs" / "results").is_dir():
+        pytest.skip("docs/results/ (the generated results pages) is not in this checkout")
+    unshown = []
+    for plot in sorted((ROOT / "docs" / "results").rglob("*.png")):
+        same = plot.with_suffix(".md")
+        pages = [same] if same.exists() else sorted(plot.parent.glob("*.md"))
+        if not any(f"]({plot.name})" in page.read_text() for page in pages):
+            unshown.append(str(plot.relative_to(ROOT)))
+    assert not unshown, "plots no page shows: " + ", ".join(unshown)

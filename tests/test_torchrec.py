@@ -364,6 +364,8 @@ def test_the_plan_speed_report_sets_plan_beside_torchrecs_planner(tmp_path):
     [record] = [json.loads(line) for line in store.read_text().splitlines()]
     assert record["status"] == "plan" and record["objective"] <= record["torchrec_objective"] * (1 + 1e-9)
     assert record["gap"] >= 0 and record["torchrec_seconds"] > 0 and "Ours no worse than TorchRec's on 1/1" in page.read_text()
+    assert record["schema_version"] == 2 and isinstance(record["revision"], str) and "env" in record
+    assert page.read_text().endswith(" (1 record).\n") and "Numbers from revision `" in page.read_text()
 
 
 def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_path):
