@@ -1,6 +1,7 @@
 """The conformance zoo at tiny sizes: every model builds on meta with its sharders and pooling factors, both
 planners run on each and every outcome comes back as a row (a plan TorchRec's estimator rates, or a
-failure, kill or death with its reason)."""
+failure, kill or death with its reason), and `shardbench zoo` writes its records and page."""
+import json
 import os
 import re
 import time
@@ -9,6 +10,7 @@ import warnings
 import pytest
 
 from benchmarks import zoo
+from shardbench.cli import main
 
 warnings.filterwarnings("ignore")
 BUDGET = 1.0
@@ -100,3 +102,20 @@ def test_a_model_that_does_not_build_a_hang_and_a_death_are_rows_not_crashes(mon
     died = zoo.run_zoo(models=("sparse-nn",), regimes=("fits",), budget=BUDGET, timeout=30.0, tiny=True)[0]
     assert died.ours.status == "died" and "exit code 3" in died.ours.error
 
+
+def test_the_zoo_command_writes_records_with_the_environment_and_a_page_it_can_render_again(tmp_path, capsys):
+    store, page = tmp_path / "zoo.jsonl", tmp_path / "zoo.md"
+    args = ["zoo", "--tiny", "--models", "sparse-nn-weighted", "--regimes", "fits", "--budget", str(BUDGET),
+            "--store", str(store), "-o", str(page)]
+    assert main(args) == 0
+    records = [json.loads(line) for line in store.read_text().splitlines()]
+    assert len(records) == 1 and records[0]["model"] == "sparse-nn-weighted" and records[0]["tiny"]
+    assert records[0]["env"]["torchrec"] and records[0]["env"]["machine"]["cores"]
+    assert records[0]["torchrec"]["rating_ms"] > 0
+    text = page.read_text()
+    assert "| sparse-nn-weighted | fits | 80 |" in text and "Readings:" in text and "smoke run" in text
+    assert main(["zoo", "--render-only", "--store", str(store), "-o", str(page)]) == 0
+    assert page.read_text() == text
+    store.write_text("{not json\n")
+    assert main(["zoo", "--render-only", "--store", str(store), "-o", str(page)]) == 2
+    assert "zoo.jsonl:1: not a zoo row" in capsys.readouterr().err
