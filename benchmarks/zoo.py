@@ -7,6 +7,7 @@ import json
 import math
 import multiprocessing as mp
 import os
+import statistics
 import time
 import warnings
 from collections import Counter
@@ -603,10 +604,10 @@ def _readings(rows: list[ZooRow]) -> list[str]:
             if side.hbm_peak is not None and _usable(r) is not None and side.hbm_peak > _usable(r)]
     lines = [f"- Plans rated: ours {len(ours)}/{len(rows)}, TorchRec's planner's {len(theirs)}/{len(rows)}."]
     if both:
-        ratios = sorted(r.ratio for r in both)
+        ratios = [r.ratio for r in both]
         lines.append(f"- Where both planned ({len(both)}): ours rated no worse on "
                      f"{sum(x >= 1 - 1e-9 for x in ratios)}/{len(both)}; TorchRec's plan / ours median "
-                     f"{ratios[len(ratios) // 2]:.3f}× (min {ratios[0]:.3f}×, max {ratios[-1]:.3f}×).")
+                     f"{statistics.median(ratios):.3f}× (min {min(ratios):.3f}×, max {max(ratios):.3f}×).")
     misses = ", ".join(f"{r.model}/{r.regime} ({r.objective_error:+.2%})" for r in off)
     lines.append(f"- Our reported objective equals TorchRec's rating of our plan (within 1e-6) on {len(exact)}/"
                  f"{len(exact) + len(off)}" + (f": off on {misses}" if off else "") + ".")
