@@ -298,9 +298,9 @@ class Side:
     """One planner on one case: `status` is plan, failed (it raised: `error` is the exception's class and
     first line), killed (at the timeout) or died; `rating_ms` is TorchRec's rating of its plan (max over
     ranks of Σ shard perf.total), `hbm_peak` the most HBM a rank holds by TorchRec's storage estimate,
-    `rating_error` why the plan could not be rated or measured; `shardings` counts
-    tables by sharding type / kernel. Ours also reports its objective, bound, gap and winning solver;
-    TorchRec's planner its own rating of its best plan (`self_rating_ms`), which the rating must equal."""
+    `rating_error` why the plan could not be rated or measured; `shardings` counts tables by sharding type /
+    kernel. Ours also reports its objective, bound, gap and winning solver; TorchRec's planner its own
+    rating of its best plan (`self_rating_ms`), which the rating must equal."""
 
     status: str
     error: str | None = None
