@@ -1,6 +1,6 @@
 """The benchmark harness's commands of the `shardbench` CLI: run a suite, measure a cost dataset, train
-learned components, summarise sweeps and refit the planner-choice rules. The product's CLI
-(shardbench.cli) attaches them with `add_commands`."""
+learned components, summarise sweeps, refit the planner-choice rules and run the conformance zoo. The
+product's CLI (shardbench.cli) attaches them with `add_commands`."""
 from __future__ import annotations
 
 import argparse
@@ -10,12 +10,13 @@ import numpy as np
 
 from instances import InstanceError, load_instances
 from instances.io import check_output_path, write_json_atomic, write_text_atomic
-from shardbench.args import POSITIVE, SEED, TIME_LIMIT, examples, number
+from shardbench.args import POSITIVE, SEED, TIME_LIMIT, examples, name_list, number
 from solvers import BudgetError, get_solver
 
 from .distributed import RayUnavailableError
 from .store import StoreError
 from .suite import MAX_WORKERS, SuiteError
+from .zoo import MODELS, REGIMES
 
 ERRORS = (StoreError, SuiteError, RayUnavailableError)  # bad input of these commands: one line, exit 2
 SUITES = "benchmarks/suites"  # as the examples name the shipped suites, from the repository root
@@ -187,6 +188,42 @@ def _cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_zoo(args: argparse.Namespace) -> int:
+    from .suite import PAGES, STORES
+    from .zoo import page, read_store, run_zoo, write_store
+
+    store = Path(args.store) if args.store else STORES / "zoo.jsonl"
+    output = Path(args.output) if args.output else PAGES / "zoo.md"
+    check_output_path(output, "-o")
+    if args.render_only:
+        rows = read_store(store)
+        if not rows:
+            raise StoreError(f"{store}: holds no zoo rows; run `shardbench zoo`")
+    else:
+        check_output_path(store, "--store")
+
+        def show(row) -> None:
+            sides = " | ".join(f"{who}: " + (f"{side.rating_ms:.4g} ms" if side.rating_ms is not None else
+                                             side.error or side.rating_error or side.status)
+                               for who, side in (("ours", row.ours), ("TorchRec", row.torchrec)))
+            print(f"{row.model} / {row.regime}: {sides}", flush=True)
+
+        rows = run_zoo(args.models, args.regimes, budget=args.budget, timeout=args.timeout, tiny=args.tiny,
+                       on_row=show)
+        write_store(store, rows)
+    write_text_atomic(output, page(rows, _shown(store)))
+    print(f"records: {store}\npage: {output}")
+    return 0
+
+
+def _shown(path: Path) -> str:
+    """A path as the page names it: from the repository root when it lies inside."""
+    from .suite import STORES
+
+    root = STORES.parent.parent
+    return str(path.resolve().relative_to(root)) if path.resolve().is_relative_to(root) else str(path)
+
+
 def add_commands(sub) -> None:
     refit_parser = sub.add_parser("refit-recommender", help="refit the planner-choice rules from workloads-* stores",
                                   epilog=examples("shardbench refit-recommender -o rules.json",
@@ -266,3 +303,25 @@ def add_commands(sub) -> None:
     summarize.add_argument("--title", default="", help="a title line above the table (default: none)")
     summarize.add_argument("-o", "--output", help="write the table here as Markdown (default: printed only)")
     summarize.set_defaults(func=_cmd_summarize)
+
+    zoo = sub.add_parser("zoo", help="the conformance zoo: TorchRec's own models planned by ShardbenchPlanner and by "
+                         "TorchRec's planner in three memory regimes, both plans rated by TorchRec's estimator",
+                         epilog=examples("shardbench zoo", "shardbench zoo --models dlrm-criteo --regimes fits "
+                                         "--store build/zoo.jsonl -o build/zoo.md",
+                                         "shardbench zoo --render-only"))
+    zoo.add_argument("--models", type=name_list(tuple(MODELS), "models"), default=tuple(MODELS),
+                     help=f"comma-separated, or 'all' (default: all): {', '.join(MODELS)}")
+    zoo.add_argument("--regimes", type=name_list(tuple(REGIMES), "regimes"), default=tuple(REGIMES),
+                     help=f"comma-separated, or 'all' (default: all): {', '.join(REGIMES)}")
+    zoo.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="ShardbenchPlanner's budget, seconds "
+                     "(default: %(default)s)")
+    zoo.add_argument("--timeout", type=TIME_LIMIT, default=300.0, help="seconds each planner's process may take, "
+                     "rating its plan included, before it is killed (default: %(default)s)")
+    zoo.add_argument("--tiny", action="store_true", help="every table with 10,000 times fewer rows (at least 100, "
+                     "smaller tables as they are): a smoke run")
+    zoo.add_argument("--store", help="the records, JSON lines, replaced by this run's (default: "
+                     "benchmarks/results/zoo.jsonl)")
+    zoo.add_argument("-o", "--output", help="the results page (default: docs/results/zoo.md)")
+    zoo.add_argument("--render-only", action="store_true", help="rewrite the page from the stored records, planning "
+                     "nothing")
+    zoo.set_defaults(func=_cmd_zoo)

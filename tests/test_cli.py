@@ -53,7 +53,7 @@ def test_defaults_are_shown_in_the_help(capsys):
 
 OUTPUT_COMMANDS = [("instances", "sample"), ("instances", "import-raw"), ("instances", "import-torchrec"), ("solve",),
                    ("plan",), ("export-torchrec",), ("flexshard",), ("buckets",), ("refit-recommender",), ("measure",),
-                   ("train", "costmodel"), ("train", "policy"), ("summarize",)]
+                   ("train", "costmodel"), ("train", "policy"), ("summarize",), ("zoo",)]
 
 
 @pytest.mark.parametrize("path", OUTPUT_COMMANDS, ids=[" ".join(p) for p in OUTPUT_COMMANDS])
