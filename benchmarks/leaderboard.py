@@ -5,6 +5,7 @@ value is a labelled row. Where a suite plans under several sharding settings, ea
 against the best plan of any setting. A page shows its plot and names the code revisions of its records."""
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,14 +310,21 @@ def leaderboard_plot(records: list[dict], path: Path, title: str) -> None:
 
 
 def publish_leaderboard(suite: Suite, records: list[dict]) -> str:
-    """Writes a suite's plot and then its leaderboard page, which shows the plot and names the code revisions
-    of the records; returns the page's Markdown."""
+    """Writes a suite's leaderboard page, which shows its plot and names the code revisions of the records,
+    and the plot; returns the page's Markdown. The plot is drawn aside first and moved in once the page is
+    written, so that a failed write (a full disk) leaves neither."""
     title = f"Suite `{suite.name}`" + (f": {suite.description}" if suite.description else "")
-    leaderboard_plot(records, suite.plot_path, f"shardbench suite {suite.name}")
+    drawn = suite.plot_path.with_name(f".{suite.plot_path.name}.tmp.png")
+    leaderboard_plot(records, drawn, f"shardbench suite {suite.name}")
     plot = plot_line(suite.leaderboard_path, suite.plot_path,
                      f"{suite.name}: the leaderboard per solver (bars: means; whiskers: min–max)")
     markdown = "\n".join((leaderboard_markdown(records, title), plot, "", revisions_line(records)))
-    write_text_atomic(suite.leaderboard_path, markdown + "\n")
+    try:
+        write_text_atomic(suite.leaderboard_path, markdown + "\n")
+    except BaseException:
+        drawn.unlink(missing_ok=True)
+        raise
+    os.replace(drawn, suite.plot_path)
     return markdown
 
 

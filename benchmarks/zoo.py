@@ -19,7 +19,7 @@ from instances.io import read_text, write_text_atomic
 from shardbench.isolation import kill_group
 from solvers.base import wall_limit
 
-from .environment import environment
+from .environment import provenance
 
 GiB = 2**30
 FITS_HBM = 80 * GiB     # an 80 GB GPU: every model here fits in HBM
@@ -339,6 +339,9 @@ class ZooRow:
     hbm_need: int | None = None
     hbm_reserved: int | None = None
     env: dict = dataclasses.field(default_factory=dict)
+    schema_version: int | None = None  # the results record's (benchmarks.store)
+    revision: str | None = None        # the code's (benchmarks.environment)
+    revision_note: str | None = None   # how a revision was inferred where it was not recorded
 
     @property
     def objective_error(self) -> float | None:
@@ -500,7 +503,7 @@ def run_case(zoo: ZooModel, regime: str, sizing: Sizing, budget: float, timeout:
     return ZooRow(zoo.name, regime, zoo.source, tiny, budget, timeout, ours, theirs,
                   tables=zoo.tables, features=zoo.features, world_size=zoo.world_size,
                   local_world_size=zoo.local_world_size, batch_size=zoo.batch_size, hbm_cap=hbm_cap,
-                  ddr_cap=ddr_cap, hbm_need=sizing.need, hbm_reserved=sizing.reserved, env=environment())
+                  ddr_cap=ddr_cap, hbm_need=sizing.need, hbm_reserved=sizing.reserved, **provenance())
 
 
 def _cases(name: str, regimes, budget: float, timeout: float, tiny: bool):
@@ -512,7 +515,7 @@ def _cases(name: str, regimes, budget: float, timeout: float, tiny: bool):
     except Exception as error:
         unbuilt = Side("failed", error=f"the model did not build: {_first_line(error)}")
         for regime in regimes:
-            yield ZooRow(name, regime, "", tiny, budget, timeout, unbuilt, unbuilt, env=environment())
+            yield ZooRow(name, regime, "", tiny, budget, timeout, unbuilt, unbuilt, **provenance())
         return
     for regime in regimes:
         yield run_case(zoo, regime, sizing, budget, timeout, tiny)
