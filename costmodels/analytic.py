@@ -12,6 +12,10 @@ links inside a node, inter-node links between nodes):
   its share of the samples to their devices;
 - data-parallel: a replica computes only its own device's samples and all-reduces the table's gradient
   (within the node, then across nodes).
+A table may serve several inputs (features): each pooled input gives every sample its own output vector (an
+EmbeddingBagCollection's output holds one per sample and feature, empty bags included).
+Weighted inputs send a 4-byte weight beside each 8-byte id and, backward, read each looked-up row again to
+form the weights' gradients.
 
 Memory tiers: a piece's rows are read where its kernel keeps them — `fused` in HBM; `fused_uvm` in host
 memory, every lookup's row over the HBM↔host link (its gradient updates too); `fused_uvm_caching` from an
@@ -37,6 +41,7 @@ from .base import AdditiveOracle
 
 GB = 1024**3
 ID_BYTES = 8  # lookups travel as int64 ids, as TorchRec's estimator counts them
+WEIGHT_BYTES = 4  # a weighted input's fp32 weight per id
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,8 @@ class AnalyticOracle(AdditiveOracle):
         pooling = np.array([t.pooling_factor for t in tables])[pieces.table]
         elem = np.array([t.dtype_bytes for t in tables], dtype=float)[pieces.table]
         pooled = np.array([t.pooled for t in tables])[pieces.table]
+        outputs = np.array([len(t.inputs) for t in tables], dtype=float)[pieces.table]  # pooled vectors per sample
+        weighted = np.array([t.weighted for t in tables])[pieces.table]
         width = pieces.width.astype(float)
         share = pieces.lookup_share(instance)
         kind = {name: pieces.is_kind(name) for name in ("row_wise", "table_row_wise", "data_parallel")}
@@ -84,17 +91,18 @@ class AnalyticOracle(AdditiveOracle):
         # Outputs written: pooled pieces one vector per sample they serve (row shards: partial sums for
         # every sample); sequence pieces one per lookup.
         samples = np.where(replica, batch, global_batch)
-        written = np.where(pooled, samples, lookups) * width * out_bytes
+        written = np.where(pooled, samples * outputs, lookups) * width * out_bytes
         read = lookups * width * elem
         forward = (read + written) / memory_bw
-        backward = c.backward_multiplier * forward
+        backward = c.backward_multiplier * forward + np.where(weighted, read / memory_bw, 0.0)
         uvm, cached = pieces.is_kernel(FUSED_UVM), pieces.is_kernel(FUSED_UVM_CACHING)
         if uvm.any() or cached.any():
             misses = read * (1.0 - pieces.hit_rates(instance))
             link = topo.host_link_bw
             forward = np.where(uvm, written / memory_bw + read / link,
                                np.where(cached, forward + 2 * misses / link, forward))
-            backward = np.where(uvm, c.backward_multiplier * (written / memory_bw + read / link), backward)
+            backward = np.where(uvm, c.backward_multiplier * (written / memory_bw + read / link)
+                                + np.where(weighted, read / link, 0.0), backward)
 
         def all_to_all(per_peer: np.ndarray) -> np.ndarray:
             """Each device sends `per_peer` bytes to every other device; of those peers, W-1 share its node.
@@ -104,11 +112,11 @@ class AnalyticOracle(AdditiveOracle):
 
         # What one device's samples need from this piece: their pooled outputs (a row shard's partial
         # sums), or their lookups' outputs for sequence tables.
-        per_peer = np.where(pooled, batch, batch * pooling * np.where(split_rows, share, 1.0)) * width * out_bytes
+        per_peer = np.where(pooled, batch * outputs, batch * pooling * np.where(split_rows, share, 1.0)) * width * out_bytes
         comm = all_to_all(per_peer)
         # Table-row-wise: the partial sums meet inside the node first (reduce-scatter over the node's W
         # devices), then each device forwards its 1/W of the samples.
-        node_reduce = np.where(pooled, global_batch * width * out_bytes * (per_node - 1) / per_node, 0.0)
+        node_reduce = np.where(pooled, global_batch * outputs * width * out_bytes * (per_node - 1) / per_node, 0.0)
         twrw = node_reduce / topo.intra_node_a2a_bw + all_to_all(np.where(pooled, per_peer / per_node, per_peer))
         comm = np.where(kind["table_row_wise"], twrw, comm)
         # Data-parallel: no all-to-all; the gradient of the whole table is all-reduced (ring inside the
@@ -118,7 +126,7 @@ class AnalyticOracle(AdditiveOracle):
         if topo.nodes > 1:
             allreduce = allreduce + 2 * gradient / per_node * (topo.nodes - 1) / topo.nodes / topo.allreduce_cross_node_bw
         # Ids in: every other device sends the ids of its samples' lookups that this piece serves.
-        ids = all_to_all(batch * pooling * share * ID_BYTES)
+        ids = all_to_all(batch * pooling * share * np.where(weighted, ID_BYTES + WEIGHT_BYTES, ID_BYTES))
         forward_comm = np.where(replica, 0.0, comm + ids)
         backward_comm = np.where(replica, allreduce, comm)
         return np.stack([forward, backward, forward_comm, backward_comm], axis=1)

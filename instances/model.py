@@ -10,7 +10,9 @@ import numpy as np
 
 from .kernels import HOST_KERNELS, KERNELS, kernels_for
 from .memory import Storage, storage, stored_bytes
-SCHEMA_VERSION = 2  # 2 added host memory and compute kernels; version-1 files (HBM, fused only) still load
+# 2 added host memory and compute kernels, 3 each table's inputs (pooling factor per feature) and weights;
+# files of versions 1 and 2 still load.
+SCHEMA_VERSION = 3
 NUM_REUSE_BINS = 17
 BINS_TOLERANCE = 1e-6
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
@@ -152,10 +154,25 @@ class Table:
     sharding_types: tuple[str, ...] | None = None  # the types this table allows (None: the instance's)
     compute_kernels: tuple[str, ...] | None = None  # the kernels this table allows (None: the instance's)
     cache_load_factor: float | None = None  # a cache size fixed by the user (None: chosen per table)
+    # The table's inputs, as TorchRec's `pooling_factors`: each feature it serves looks up this many rows per
+    # sample on average and gets its own pooled output; they add up to `pooling_factor` (None: one input).
+    pooling_factors: tuple[float, ...] | None = None
+    weighted: bool = False  # its ids come with per-sample weights (weighted features, a feature processor)
 
     @property
     def weight_bytes(self) -> int:
         return self.rows * self.dim * self.dtype_bytes
+
+    @property
+    def inputs(self) -> tuple[float, ...]:
+        """Each input's mean lookups per sample."""
+        return self.pooling_factors if self.pooling_factors is not None else (self.pooling_factor,)
+
+    @classmethod
+    def of_inputs(cls, pooling_factors, **fields) -> "Table":
+        """A table whose inputs look up `pooling_factors` rows per sample each (its pooling factor their sum)."""
+        factors = tuple(float(f) for f in pooling_factors)
+        return cls(pooling_factor=math.fsum(factors), pooling_factors=factors if len(factors) > 1 else None, **fields)
 
     def validate(self, path: str) -> None:
         _string(self.name, f"{path}.name")
@@ -196,6 +213,18 @@ class Table:
         if self.cache_load_factor is not None:
             value = _finite(self.cache_load_factor, f"{path}.cache_load_factor", 0.0, strict=True, maximum=1.0)
             _require(value > 0, f"{path}.cache_load_factor", "must be in (0, 1]")
+        if self.pooling_factors is not None:
+            factors_path = f"{path}.pooling_factors"
+            _require(isinstance(self.pooling_factors, tuple) and len(self.pooling_factors) > 0, factors_path,
+                     "must be a non-empty list (one pooling factor per input)")
+            for i, factor in enumerate(self.pooling_factors):
+                _finite(factor, f"{factors_path}[{i}]", 0.0, maximum=MAX_POOLING)
+            total = math.fsum(self.pooling_factors)
+            _require(abs(total - self.pooling_factor) <= 1e-9 * max(1.0, total), factors_path,
+                     f"add up to {total:g}, not to the table's pooling_factor {self.pooling_factor:g}")
+        _require(isinstance(self.weighted, bool), f"{path}.weighted", f"must be a boolean, got {_short(self.weighted)}")
+        _require(not (self.weighted and not self.pooled), f"{path}.weighted",
+                 "a sequence table (pooled false) takes no weights: TorchRec's EmbeddingCollection has none")
 
 
 @dataclass(frozen=True)
@@ -447,14 +476,15 @@ def _take(data: Mapping[str, Any], path: str, required: Sequence[str], optional:
     return {k: data[k] for k in (*required, *optional) if k in data}
 
 
-def _table_from_dict(data: Any, path: str) -> Table:
+def _table_from_dict(data: Any, path: str, version: int) -> Table:
     data = _expect_mapping(data, path)
     values = _take(data, path, ("name", "rows", "dim", "dtype_bytes", "pooling_factor", "reuse_bins"),
-                   ("pooled", "row_distribution", "buckets", "sharding_types", "compute_kernels", "cache_load_factor"))
+                   ("pooled", "row_distribution", "buckets", "sharding_types", "compute_kernels", "cache_load_factor",
+                    *(("pooling_factors", "weighted") if version >= 3 else ())))
     bins = values["reuse_bins"]
     _require(isinstance(bins, list), f"{path}.reuse_bins", "must be a list")
     values["reuse_bins"] = tuple(bins)
-    for key in ("sharding_types", "compute_kernels"):
+    for key in ("sharding_types", "compute_kernels", "pooling_factors"):
         if values.get(key) is not None:
             _require(isinstance(values[key], list), f"{path}.{key}", "must be a list")
             values[key] = tuple(values[key])
@@ -490,6 +520,10 @@ def _table_to_dict(table: Table) -> dict:
         out["compute_kernels"] = list(table.compute_kernels)
     if table.cache_load_factor is not None:
         out["cache_load_factor"] = table.cache_load_factor
+    if table.pooling_factors is not None:
+        out["pooling_factors"] = list(table.pooling_factors)
+    if table.weighted:
+        out["weighted"] = True
     return out
 
 
@@ -498,10 +532,15 @@ _TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_globa
                       "allreduce_cross_node_bw", "device_kind", "host_memory_bytes", "host_link_bw")
 
 
+def schema_version_of(instance: Instance) -> int:
+    """The oldest schema version that says all of the instance, so that readers of that version read it."""
+    return 3 if any(t.pooling_factors is not None or t.weighted for t in instance.tables) else 2
+
+
 def instance_to_dict(instance: Instance) -> dict:
     topo, work = instance.topology, instance.workload
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": schema_version_of(instance),
         "id": instance.id,
         "provenance": instance.provenance,
         "topology": {k: getattr(topo, k) for k in (*_TOPOLOGY_FIELDS, *_TOPOLOGY_OPTIONAL)},
@@ -515,7 +554,7 @@ def instance_to_dict(instance: Instance) -> dict:
 def instance_from_dict(data: Any) -> Instance:
     """Parse and validate; raises InstanceError naming the first bad field."""
     data = _expect_mapping(data, "instance")
-    version = _check_version(data, (1, SCHEMA_VERSION))
+    version = _check_version(data, (1, 2, SCHEMA_VERSION))
     values = _take(data, "", ("schema_version", "id", "topology", "tables"),
                    ("workload", "provenance", "sharding_types", *(("compute_kernels",) if version >= 2 else ())))
     optional = _TOPOLOGY_OPTIONAL if version >= 2 else tuple(k for k in _TOPOLOGY_OPTIONAL
@@ -531,7 +570,7 @@ def instance_from_dict(data: Any) -> Instance:
     _require(isinstance(kernels, list), "compute_kernels", "must be a list")
     instance = Instance(
         id=values["id"],
-        tables=tuple(_table_from_dict(t, f"tables[{i}]") for i, t in enumerate(tables)),
+        tables=tuple(_table_from_dict(t, f"tables[{i}]", version) for i, t in enumerate(tables)),
         topology=Topology(**topo),
         workload=Workload(**work),
         provenance=values.get("provenance", ""),

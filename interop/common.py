@@ -9,8 +9,9 @@ per second, so bandwidths are converted here. Compute kernels and cache load fac
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
-from instances import Instance, InstanceError
+from instances import Instance
 
 STORAGE_RESERVE = 0.15  # TorchRec's default share of HBM kept back; the instance's capacity is the rest
 MS = 1000.0             # TorchRec's bandwidths are per millisecond
@@ -53,38 +54,83 @@ def torchrec_topology(instance: Instance, compute_device: str = "cuda"):
                             hbm_to_ddr_mem_bw=topo.host_link_bw / MS, **host)
 
 
-def torchrec_module(instance: Instance, device: str = "meta"):
-    """The EmbeddingBagCollection (pooled tables) or EmbeddingCollection (sequence tables) of the instance,
-    one feature per table, named like the table."""
+@dataclass(frozen=True)
+class ShardableModule:
+    """A module of a model that a sharder shards: its path in the model (TorchRec's ShardingPlan key), the
+    module, its sharder, and each of its table names with the instance table that stands for it."""
+
+    path: str
+    module: object
+    sharder: object
+    tables: tuple[tuple[str, str], ...]  # (the module's table name, the instance's table name)
+
+
+# The module kinds an instance's tables live in, by (pooled, weighted): an EmbeddingBagCollection, one with
+# weighted inputs (weighted features, or a feature processor, which TorchRec prices alike), and an
+# EmbeddingCollection; each kind's module sits at this path when an instance has several kinds.
+MODULE_KINDS = {(True, False): "ebc", (True, True): "weighted_ebc", (False, False): "ec"}
+
+
+def feature_names(table) -> list[str]:
+    """The features of a table's module: one per input, named as the table when it has one."""
+    count = len(table.inputs)
+    return [table.name] if count == 1 else [f"{table.name}_f{i}" for i in range(count)]
+
+
+def torchrec_modules(instance: Instance, device: str = "meta", path: str = "") -> list[ShardableModule]:
+    """The instance's tables as TorchRec modules, one per module kind (MODULE_KINDS) in the order the kinds'
+    first tables come, each with its sharder: at `path` when there is one kind, else at `path`.<kind>."""
     torchrec = load_torchrec()
     import torch
-
-    pooled = {t.pooled for t in instance.tables}
-    if len(pooled) > 1:
-        raise InstanceError("tables", "the TorchRec adapter takes all-pooled or all-sequence tables, not a mix")
-    types = {4: torchrec.DataType.FP32, 2: torchrec.DataType.FP16, 1: torchrec.DataType.INT8}
-    if pooled == {True}:
-        configs = [torchrec.EmbeddingBagConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows,
-                                               feature_names=[t.name], data_type=types[t.dtype_bytes])
-                   for t in instance.tables]
-        return torchrec.EmbeddingBagCollection(tables=configs, device=torch.device(device))
-    configs = [torchrec.EmbeddingConfig(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=[t.name],
-                                        data_type=types[t.dtype_bytes]) for t in instance.tables]
-    return torchrec.EmbeddingCollection(tables=configs, device=torch.device(device))
-
-
-def torchrec_sharder(module):
-    from torchrec import EmbeddingBagCollection
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-    return EmbeddingBagCollectionSharder() if isinstance(module, EmbeddingBagCollection) else EmbeddingCollectionSharder()
+    types = {4: torchrec.DataType.FP32, 2: torchrec.DataType.FP16, 1: torchrec.DataType.INT8}
+    kinds: dict[str, list] = {}
+    for table in instance.tables:
+        kinds.setdefault(MODULE_KINDS[table.pooled, table.weighted], []).append(table)
+    out = []
+    for kind, tables in kinds.items():
+        config = torchrec.EmbeddingBagConfig if kind != "ec" else torchrec.EmbeddingConfig
+        configs = [config(name=t.name, embedding_dim=t.dim, num_embeddings=t.rows, feature_names=feature_names(t),
+                          data_type=types[t.dtype_bytes]) for t in tables]
+        if kind == "ec":
+            module, sharder = torchrec.EmbeddingCollection(tables=configs, device=torch.device(device)), \
+                EmbeddingCollectionSharder()
+        else:
+            module = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=kind == "weighted_ebc",
+                                                     device=torch.device(device))
+            sharder = EmbeddingBagCollectionSharder()
+        where = path if len(kinds) == 1 else ".".join(p for p in (path, kind) if p)
+        out.append(ShardableModule(where, module, sharder, tuple((t.name, t.name) for t in tables)))
+    return out
+
+
+def torchrec_model(instance: Instance, device: str = "meta"):
+    """The instance's tables as one TorchRec model: its only module, or a module holding one per kind."""
+    from torch import nn
+
+    modules = torchrec_modules(instance, device)
+    if len(modules) == 1:
+        return modules[0].module
+    model = nn.Module()
+    for entry in modules:
+        model.add_module(entry.path, entry.module)
+    return model
+
+
+def torchrec_sharders() -> list:
+    """The sharders of every module kind an instance's model may hold."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return [EmbeddingBagCollectionSharder(), EmbeddingCollectionSharder()]
 
 
 def torchrec_constraints(instance: Instance) -> dict:
     from torchrec.distributed.planner import ParameterConstraints
 
     return {t.name: ParameterConstraints(
-        pooling_factors=[t.pooling_factor], sharding_types=list(instance.allowed_types(t)),
+        pooling_factors=list(t.inputs), sharding_types=list(instance.allowed_types(t)),
         compute_kernels=sorted({k for kind in instance.allowed_types(t) for k in instance.allowed_kernels(t, kind)}))
         for t in instance.tables}

@@ -4,25 +4,21 @@ model; a ShardingPlan read back as a plan, re-rated by TorchRec's own enumerator
 readable per-table form."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Mapping
 
 from instances import Instance, InstanceError, Plan, Shard, Table, TableSharding
 from instances.kernels import FUSED_UVM_CACHING, kernel_problem
 from instances.model import SHARDING_TYPES
 
-from .common import TORCHREC_DEFAULT_LOAD_FACTOR, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
-
-
-@dataclass(frozen=True)
-class ShardableModule:
-    """A module of a model that a sharder shards: its path in the model (TorchRec's ShardingPlan key), the
-    module, its sharder, and each of its table names with the instance table that stands for it."""
-
-    path: str
-    module: object
-    sharder: object
-    tables: tuple[tuple[str, str], ...]  # (the module's table name, the instance's table name)
+from .common import (
+    TORCHREC_DEFAULT_LOAD_FACTOR,
+    ShardableModule,
+    torchrec_constraints,
+    torchrec_model,
+    torchrec_modules,
+    torchrec_sharders,
+    torchrec_topology,
+)
 
 
 def _generator(instance: Instance, sharding: TableSharding):
@@ -59,13 +55,11 @@ def _with_kernel(generator, compute_kernel: str, load_factor: float | None):
     return generate
 
 
-def to_torchrec(instance: Instance, plan: Plan, device_type: str = "cuda", module=None, path: str = ""):
-    """The ShardingPlan TorchRec runs for a validated plan of the instance's module (built from the
-    instance unless given; tables by name), keyed by `path`, the module's path in the model."""
-    module = module if module is not None else torchrec_module(instance)
-    names = tuple((t.name, t.name) for t in instance.tables)
-    return to_torchrec_model(instance, plan, [ShardableModule(path, module, torchrec_sharder(module), names)],
-                             device_type)
+def to_torchrec(instance: Instance, plan: Plan, device_type: str = "cuda", path: str = ""):
+    """The ShardingPlan TorchRec runs for a validated plan of the instance's modules (interop.common's
+    torchrec_modules; tables by name), keyed by `path`, the module's path in the model (with one module per
+    kind below it where the tables live in modules of several kinds)."""
+    return to_torchrec_model(instance, plan, torchrec_modules(instance, path=path), device_type)
 
 
 def to_torchrec_model(instance: Instance, plan: Plan, modules: list[ShardableModule], device_type: str = "cuda"):
@@ -95,21 +89,6 @@ def to_torchrec_model(instance: Instance, plan: Plan, modules: list[ShardableMod
 
 def _order(shard: Shard):
     return (shard.device, shard.rows, shard.cols)
-
-
-def _module_plan(sharding_plan, path: str | None):
-    """The module plan at `path` of a ShardingPlan (its only one when no path is given), or the module plan
-    itself."""
-    if not hasattr(sharding_plan, "plan"):
-        return sharding_plan
-    if path is None:
-        if len(sharding_plan.plan) != 1:
-            raise InstanceError("plan", f"the ShardingPlan holds {len(sharding_plan.plan)} modules "
-                                f"({sorted(sharding_plan.plan)}): name the module path")
-        return next(iter(sharding_plan.plan.values()))
-    if path not in sharding_plan.plan:
-        raise InstanceError("plan", f"the ShardingPlan has no module at path {path!r} (it has {sorted(sharding_plan.plan)})")
-    return sharding_plan.plan[path]
 
 
 def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding:
@@ -142,26 +121,41 @@ def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding
     return TableSharding(kind, shards, kernel, load_factor)
 
 
+def _table_plans(sharding_plan, path: str | None) -> dict:
+    """Every table's ParameterSharding in a ShardingPlan (or a module plan): of its modules at `path` or
+    below it (every module when not given), by table name."""
+    if not hasattr(sharding_plan, "plan"):
+        return dict(sharding_plan)
+    found = {}
+    for where, module_plan in sharding_plan.plan.items():
+        if path is None or where == path or where.startswith(f"{path}." if path else ""):
+            found.update(module_plan)
+    if not found:
+        raise InstanceError("plan", f"the ShardingPlan has no module at path {path!r} (it has {sorted(sharding_plan.plan)})")
+    return found
+
+
 def from_torchrec_plan(instance: Instance, sharding_plan, path: str | None = None) -> Plan:
-    """Our plan for a TorchRec ShardingPlan of the instance's module (tables by name) at `path` (the
-    plan's only module when not given)."""
-    module_plan = _module_plan(sharding_plan, path)
+    """Our plan for a TorchRec ShardingPlan of the instance's modules (tables by name) at or below `path`
+    (every module of the plan when not given)."""
+    table_plans = _table_plans(sharding_plan, path)
     tables = []
     for table in instance.tables:
-        if table.name not in module_plan:
+        if table.name not in table_plans:
             raise InstanceError(f"plan: table {table.name}", "missing from the TorchRec plan")
-        tables.append(_table_sharding(instance, table, module_plan[table.name]))
+        tables.append(_table_sharding(instance, table, table_plans[table.name]))
     return Plan(instance.id, tuple(tables))
 
 
 def rate_with_torchrec(instance: Instance, sharding_plan, path: str | None = None) -> list[float]:
-    """TorchRec's own rating of an exported ShardingPlan of the instance's module: per rank, the sum of
+    """TorchRec's own rating of an exported ShardingPlan of the instance's modules: per rank, the sum of
     its shards' perf.total (ms), as its planner rates a plan."""
-    from torchrec.distributed.types import ShardingPlan
+    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ShardingPlan
 
-    module = torchrec_module(instance)
-    plan = ShardingPlan({"": _module_plan(sharding_plan, path)})
-    return torchrec_rating(module, [torchrec_sharder(module)], plan, torchrec_topology(instance),
+    table_plans = _table_plans(sharding_plan, path)
+    plan = ShardingPlan({entry.path: EmbeddingModuleShardingPlan({name: table_plans[name] for name, _ in entry.tables})
+                         for entry in torchrec_modules(instance)})
+    return torchrec_rating(torchrec_model(instance), torchrec_sharders(), plan, torchrec_topology(instance),
                            instance.workload.batch_size, torchrec_constraints(instance))
 
 

@@ -168,9 +168,10 @@ def setting(topology, config) -> Setting:
         problem=config_problem(config, topology))
 
 
-def tables(templates: list, topology, config, constraints: dict, sharder_data) -> Tables:
+def tables(templates: list, topology, config, constraints: dict, sharder_data: dict) -> Tables:
     """Per table, from its TorchRec ShardingOption (any option of it: these numbers do not depend on the
-    cut or kernel), what the estimators read, through TorchRec's own context builder."""
+    cut or kernel) and its module's sharder data (`sharder_data` by module type), what the estimators read,
+    through TorchRec's own context builder."""
     from torchrec.distributed.planner.estimator.types import ShardPerfContext
     from torchrec.distributed.planner.shard_estimators import _get_optimizer_multipler
     from torchrec.modules.embedding_configs import DATA_TYPE_NUM_BITS
@@ -179,14 +180,14 @@ def tables(templates: list, topology, config, constraints: dict, sharder_data) -
     for option in templates:
         ctx = ShardPerfContext.build_shard_perf_contexts(
             config=config, shard_sizes=[option.shards[0].size], sharding_option=option, topology=topology,
-            constraints=constraints, sharder_data=sharder_data)[0]
+            constraints=constraints, sharder_data=sharder_data[option.module_type_key])[0]
         shape = option.tensor.shape
         output = DATA_TYPE_NUM_BITS[option.output_dtype] / 8 if option.output_dtype else option.tensor.element_size()
         optimizer = _get_optimizer_multipler(getattr(option.tensor, "_optimizer_classes", [None])[0], shape)
         rows.append((shape[0], shape[1], ctx.table_data_type_size, output, ctx.fwd_a2a_comm_data_type_size,
                      ctx.bwd_a2a_comm_data_type_size, ctx.fwd_sr_comm_data_type_size, ctx.bwd_sr_comm_data_type_size,
                      ctx.batch_inputs, ctx.batch_outputs, ctx.is_pooled, optimizer,
-                     table_problem(ctx, option, sharder_data, constraints.get(option.name))))
+                     table_problem(ctx, option, sharder_data[option.module_type_key], constraints.get(option.name))))
     columns = list(zip(*rows))
     ints = [np.array(c, dtype=np.int64) for c in columns[:2]]
     floats = [np.array(c, dtype=float) for c in columns[2:10]]

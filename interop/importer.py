@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
 from instances.kernels import FUSED_UVM_CACHING, KERNELS
@@ -24,15 +24,23 @@ def _data_type_bytes(data_type: Any, path: str) -> int:
 
 
 def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None, batch_size: int = 512,
-                  instance_id: str = "torchrec", host_memory: int | None = None) -> Instance:
+                  instance_id: str = "torchrec", host_memory: int | None = None,
+                  weighted: Collection[str] = (), reserved: bool = False) -> Instance:
     """An instance from TorchRec's own objects: EmbeddingBagConfig / EmbeddingConfig list or an
     EmbeddingBagCollection / EmbeddingCollection, a planner Topology (its HBM per device and, on cuda, its
     DDR as host memory with `hbm_to_ddr_mem_bw` as the host link; on cpu its DDR is the device memory),
-    ParameterConstraints per table (pooling factors, allowed sharding types and compute kernels, a cache load
-    factor) and the batch size per rank. `host_memory` (bytes per device) overrides the Topology's."""
+    ParameterConstraints per table (pooling factors — one input each, as TorchRec's estimator reads them —,
+    allowed sharding types and compute kernels, a cache load factor) and the batch size per rank.
+    `host_memory` (bytes per device) overrides the Topology's; `weighted` names the tables whose inputs
+    carry weights (a weighted EmbeddingBagCollection's are all weighted). The instance plans in what is left
+    after TorchRec's default 15 % reserve, or — `reserved` — in the Topology's memory as it is (a storage
+    reservation already taken off)."""
     torchrec = load_torchrec()
+    weighted = set(weighted)
     if isinstance(tables, torchrec.EmbeddingBagCollection):
         configs, pooled = tables.embedding_bag_configs(), True
+        if tables.is_weighted():
+            weighted |= {c.name for c in configs}
     elif isinstance(tables, torchrec.EmbeddingCollection):
         configs, pooled = tables.embedding_configs(), False
     else:
@@ -44,8 +52,9 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
         path = f"tables[{i}]"
         is_pooled = pooled if pooled is not None else isinstance(config, torchrec.EmbeddingBagConfig)
         constraint = constraints.get(config.name)
-        factors = list(getattr(constraint, "pooling_factors", None) or [1.0])
-        pooling = float(sum(factors))  # one table may serve several features: their lookups add up
+        factors = getattr(constraint, "pooling_factors", None)
+        factors = [1.0] if constraint is None else factors  # TorchRec's POOLING_FACTOR where nothing is said
+        factors = _pooling_factors(factors, f"constraints[{config.name!r}].pooling_factors", config.name)
         types = getattr(constraint, "sharding_types", None)
         if types is not None:
             bad = [t for t in types if t not in SHARDING_TYPES]
@@ -56,18 +65,20 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
             kernels = modelled_kernels(kernels, f"{path}.compute_kernels", config.name)
         load_factor = cache_load_factor(getattr(constraint, "cache_params", None), kernels, f"{path}.cache_params",
                                         config.name)
-        out.append(Table(name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
-                         dtype_bytes=_data_type_bytes(config.data_type, f"{path}.data_type"),
-                         pooling_factor=pooling, reuse_bins=IMPORTED_BINS if pooling > 0 else (0.0,) * 17,
-                         pooled=is_pooled, sharding_types=tuple(types) if types is not None else None,
-                         compute_kernels=kernels, cache_load_factor=load_factor))
+        out.append(Table.of_inputs(factors, name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
+                                   dtype_bytes=_data_type_bytes(config.data_type, f"{path}.data_type"),
+                                   reuse_bins=IMPORTED_BINS if sum(factors) > 0 else (0.0,) * 17,
+                                   pooled=is_pooled, sharding_types=tuple(types) if types is not None else None,
+                                   compute_kernels=kernels, cache_load_factor=load_factor,
+                                   weighted=config.name in weighted))
     world, local = topology.world_size, topology.local_world_size
     if world % local:
         raise InstanceError("local_world_size", f"{local} does not divide world_size {world}")
     # Devices here are alike: the smallest rules. A cpu topology keeps its tables in DDR, as TorchRec's does.
     memory = min(device.storage.ddr if topology.compute_device == "cpu" else device.storage.hbm
                  for device in topology.devices)
-    topo = Topology(nodes=world // local, devices_per_node=local, memory_bytes=int(memory * (1 - STORAGE_RESERVE)),
+    topo = Topology(nodes=world // local, devices_per_node=local,
+                    memory_bytes=int(memory if reserved else memory * (1 - STORAGE_RESERVE)),
                     intra_node_a2a_bw=topology.intra_host_bw * MS, inter_node_a2a_bw=topology.inter_host_bw * MS,
                     device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device,
                     host_memory_bytes=host_memory_bytes(topology) if host_memory is None else host_memory,
@@ -76,17 +87,30 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
                     provenance="imported from TorchRec").validate()
 
 
-def host_memory_bytes(topology) -> int:
-    """A TorchRec Topology's host memory per device: its smallest DDR on cuda, none on cpu (there DDR is the
-    device's own memory). TorchRec fills in 128 GiB (its DDR_CAP) where no `ddr_cap` was given, a
-    placeholder rather than the user's hosts: that value is read as no host memory, so that a model is
-    planned into host memory only when its user says how much there is."""
-    from torchrec.distributed.planner.constants import DDR_CAP
+def _pooling_factors(factors: Any, path: str, table: str) -> list[float]:
+    """A table's pooling factors, one per input: a non-empty list of finite numbers >= 0."""
+    if isinstance(factors, (str, bytes)) or not isinstance(factors, (list, tuple)) or not factors:
+        raise InstanceError(path, f"table {table}: must be a non-empty list of numbers (one per input), got {factors!r}")
+    for j, f in enumerate(factors):
+        if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
+            raise InstanceError(f"{path}[{j}]", f"table {table}: must be a finite number >= 0, got {f!r}")
+    return [float(f) for f in factors]
 
+
+def host_memory_bytes(topology) -> int:
+    """A TorchRec Topology's host memory per device, as its planner reads it: its smallest DDR on cuda
+    (TorchRec's 128 GiB default where no `ddr_cap` was given), none on cpu (there DDR is the device's own
+    memory)."""
     if topology.compute_device != "cuda":
         return 0
-    ddr = min(device.storage.ddr for device in topology.devices)
-    return 0 if ddr == DDR_CAP else int(ddr)
+    return int(min(device.storage.ddr for device in topology.devices))
+
+
+def assumes_default_ddr(topology) -> bool:
+    """Whether the Topology's host memory is TorchRec's default (no `ddr_cap` given, or that very value)."""
+    from torchrec.distributed.planner.constants import DDR_CAP
+
+    return topology.compute_device == "cuda" and all(device.storage.ddr == DDR_CAP for device in topology.devices)
 
 
 def modelled_kernels(kernels: Any, path: str, table: str) -> tuple[str, ...]:
@@ -141,7 +165,8 @@ SPEC_OPTIONAL = ("local_world_size", "intra_host_bw", "inter_host_bw", "hbm_to_d
 # Bandwidths take TorchRec's names in bytes per second (TorchRec's own are per millisecond).
 SPEC_BANDWIDTHS = ("intra_host_bw", "inter_host_bw", "hbm_to_ddr_mem_bw")
 TABLE_FIELDS = ("name", "num_embeddings", "embedding_dim")
-TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled", "compute_kernels", "cache_load_factor")
+TABLE_OPTIONAL = ("data_type", "pooling_factors", "sharding_types", "pooled", "compute_kernels", "cache_load_factor",
+                  "weighted")
 # Planning this many devices is already beyond this machine; TorchRec's Topology alone takes seconds at 2^16.
 MAX_DEVICES = 2**16
 # Units of a size string: decimal (as disks are sold) and binary (as memory is); a bare number is bytes.
@@ -261,7 +286,7 @@ def instance_from_spec(spec: Any) -> Instance:
     from torchrec.distributed.planner import Topology as TorchRecTopology
     from torchrec.distributed.types import CacheParams
 
-    configs, constraints = [], {}
+    configs, constraints, weighted_tables = [], {}, []
     data_types = {"fp32": torchrec.DataType.FP32, "fp16": torchrec.DataType.FP16, "bf16": torchrec.DataType.BF16,
                   "int8": torchrec.DataType.INT8}
     for i, entry in enumerate(spec["tables"]):
@@ -275,12 +300,10 @@ def instance_from_spec(spec: Any) -> Instance:
         data_type = str(entry.get("data_type", "fp32")).lower()
         if data_type not in data_types:
             raise InstanceError(f"{path}.data_type", f"must be one of {tuple(data_types)}, got {entry.get('data_type')!r}")
-        factors = entry.get("pooling_factors", [1.0])
-        if not isinstance(factors, list) or not factors:
-            raise InstanceError(f"{path}.pooling_factors", "must be a non-empty list of numbers")
-        for j, f in enumerate(factors):
-            if isinstance(f, bool) or not isinstance(f, (int, float)) or not math.isfinite(f) or f < 0:
-                raise InstanceError(f"{path}.pooling_factors[{j}]", f"must be a finite number >= 0, got {f!r}")
+        factors = _pooling_factors(entry.get("pooling_factors", [1.0]), f"{path}.pooling_factors", name)
+        weighted = entry.get("weighted", False)
+        if not isinstance(weighted, bool):
+            raise InstanceError(f"{path}.weighted", f"must be a boolean, got {weighted!r}")
         types = entry.get("sharding_types")
         if types is not None and (not isinstance(types, list) or not types
                                   or any(t not in SHARDING_TYPES for t in types)):
@@ -296,11 +319,14 @@ def instance_from_spec(spec: Any) -> Instance:
         config_type = torchrec.EmbeddingBagConfig if pooled else torchrec.EmbeddingConfig
         configs.append(config_type(name=name, num_embeddings=rows, embedding_dim=dim, feature_names=[name],
                                    data_type=data_types[data_type]))
+        if weighted:
+            weighted_tables.append(name)
         constraints[name] = ParameterConstraints(
-            pooling_factors=[float(f) for f in factors], sharding_types=types, compute_kernels=kernels,
+            pooling_factors=factors, sharding_types=types, compute_kernels=kernels,
             cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
     topology = TorchRecTopology(world_size=world, local_world_size=local, compute_device="cuda", hbm_cap=hbm,
                                 **({"ddr_cap": ddr} if ddr else {}), **bandwidths)
     # Host memory given, not read back from the Topology, where a ddr_cap equal to TorchRec's default reads as none.
-    instance = from_torchrec(configs, topology, constraints, batch_size, instance_id, host_memory=ddr)
+    instance = from_torchrec(configs, topology, constraints, batch_size, instance_id, host_memory=ddr,
+                             weighted=weighted_tables)
     return replace(instance, workload=replace(instance.workload, optimizer=optimizer)).validate()

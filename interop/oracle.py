@@ -16,7 +16,7 @@ from instances.sharding import column_cuts, row_cuts
 from instances.pieces import Pieces
 
 from . import formulas
-from .common import load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
+from .common import load_torchrec, torchrec_constraints, torchrec_model, torchrec_sharders, torchrec_topology
 
 
 @dataclass
@@ -125,13 +125,14 @@ class TorchRecOracle(AdditiveOracle):
             # the templates need no estimates, so it gets the cheap storage estimator.
             enumerator = EmbeddingEnumerator(topology=topology, batch_size=instance.workload.batch_size,
                                              constraints=templates_only, estimator=estimators[1])
-            module = torchrec_module(instance)
-            sharders = [torchrec_sharder(module)]
-            options = enumerator.enumerate(module, sharders)
+            sharders = torchrec_sharders()
+            options = enumerator.enumerate(torchrec_model(instance), sharders)
             sharder_data = build_sharder_data_map({sharder_name(s.module_type): s for s in sharders})
             config = estimators[0]._estimator.config  # the perf config TorchRec's factory chose
-            tables = formulas.tables(options, topology, config, constraints, sharder_data[options[0].module_type_key])
-            self._cache = (instance, _Estimates(estimators, sharder_data, {o.name: o for o in options},
+            by_name = {o.name: o for o in options}
+            templates = [by_name[t.name] for t in instance.tables]  # in the instance's order, whatever the modules'
+            tables = formulas.tables(templates, topology, config, constraints, sharder_data)
+            self._cache = (instance, _Estimates(estimators, sharder_data, by_name,
                                                 formulas.setting(topology, config), tables))
         return self._cache[1]
 

@@ -12,7 +12,7 @@ from instances import Instance, Plan
 from instances.kernels import FUSED_UVM_CACHING
 
 from .cache_stats import cache_statistics
-from .common import STORAGE_RESERVE, load_torchrec, torchrec_constraints, torchrec_module, torchrec_sharder, torchrec_topology
+from .common import STORAGE_RESERVE, load_torchrec, torchrec_constraints, torchrec_model, torchrec_sharders, torchrec_topology
 from .export import from_torchrec_plan
 
 # The offload proposer's starting cache, the smallest of our load-factor grid: it only ever grows caches
@@ -33,12 +33,11 @@ def plan_with_torchrec(instance: Instance, constraints: dict | None = None, prop
     )
 
     load_torchrec()
-    module = torchrec_module(instance)
     planner = EmbeddingShardingPlanner(topology=torchrec_topology(instance), batch_size=instance.workload.batch_size,
                                        constraints=constraints or torchrec_constraints(instance), proposer=proposer,
                                        storage_reservation=FixedPercentageStorageReservation(STORAGE_RESERVE),
                                        timeout_seconds=timeout_seconds, debug=False)
-    sharding_plan = planner.plan(module, [torchrec_sharder(module)])
+    sharding_plan = planner.plan(torchrec_model(instance), torchrec_sharders())
     totals = [0.0] * instance.num_devices
     for option in planner._best_plan or []:
         for shard in option.shards:

@@ -37,6 +37,7 @@ class PlanRequest:
     compute_kernels: tuple[str, ...] | None = None
     rules: str | Path | None = None
     names: Mapping[str, str] = field(default_factory=lambda: dict(PYTHON_NAMES))
+    notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf, said with the result
 
 
 @dataclass(frozen=True)
@@ -245,10 +246,13 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
         if echo is not None:
             echo(line)
 
+    for note in request.notes:
+        say(f"note: {note}")
     instance = narrow(request)
     admitted = admit(request, instance)
     if admitted.unfit is not None:
-        result = PortfolioResult(None, None, None, None, 0.0, skipped=admitted.skipped, refused=admitted.unfit)
+        result = PortfolioResult(None, None, None, None, 0.0, skipped=admitted.skipped, refused=admitted.unfit,
+                                 notes=request.notes)
         return PlanReport(instance, result, (), tuple(lines), report_record(request, instance, result, ()))
     portfolio = choose(request, admitted)
     members = runnable(admitted, portfolio)
@@ -257,7 +261,7 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     oracle = get_oracle(request.oracle)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members))
-    result = certify(priced, race(priced, members, request.seed), admitted.skipped)
+    result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped), notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):
         say(line)
     entered = tuple(dict.fromkeys([*portfolio, SAFETY_NET]))

@@ -2,120 +2,154 @@
 portfolio, so that TorchRec code (DistributedModelParallel included) takes its ShardingPlan as its own."""
 from __future__ import annotations
 
+import logging
 import re
+import warnings
 from dataclasses import dataclass
 
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.constants import BATCH_SIZE
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.planner.storage_reservations import HeuristicalStorageReservation
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, StorageReservation, Topology
 from torchrec.distributed.planner.utils import sharder_name
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import CacheParams, ModuleSharder, ShardingPlan, ShardingPlanner
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
 
 from instances import Instance, InstanceError
 from instances.kernels import HOST_KERNELS, KERNELS, kernels_for
 from instances.model import SHARDING_TYPES
-from interop.export import ShardableModule, to_torchrec_model
-from interop.importer import cache_load_factor, from_torchrec, host_memory_bytes
+from interop.common import ShardableModule
+from interop.export import to_torchrec_model
+from interop.common import STORAGE_RESERVE
+from interop.importer import assumes_default_ddr, cache_load_factor, from_torchrec, host_memory_bytes
 
 from .pipeline import plan_request, run
 from .portfolio import PortfolioResult
 
-MODELLED = (EmbeddingBagCollection, EmbeddingCollection)
+MODELLED = (EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBagCollection)
+# The sharding types TorchRec's enumerator offers a feature-processed module's tables only when the
+# constraints name them (its GUARDED_SHARDING_TYPES_FOR_FP_MODULES).
+FEATURE_PROCESSED_GUARDED = ("row_wise", "table_row_wise", "grid_shard")
 
 
 @dataclass(frozen=True)
 class _Found:
-    """A shardable module of the model with its sharder and its tables' configs."""
+    """A shardable module of the model with its sharder and its tables' configs; the tables whose inputs
+    carry weights, and whether the module is feature-processed (TorchRec then guards its row-wise types)."""
 
     path: str
     module: nn.Module
     sharder: ModuleSharder
     configs: tuple
+    weighted: frozenset = frozenset()
+    processed: bool = False
 
 
 class ShardbenchPlanner(ShardingPlanner):
-    """Plans every EmbeddingBagCollection and EmbeddingCollection of a model jointly with shardbench's
-    portfolio (the best validated plan of its members within `budget` seconds, with the best bound any
-    proved over the enumerated options) and returns TorchRec's ShardingPlan, keyed by each module's path.
+    """Plans every EmbeddingBagCollection (weighted or not), FeatureProcessedEmbeddingBagCollection and
+    EmbeddingCollection of a model jointly with shardbench's planning pipeline (the best validated plan of
+    its portfolio within `budget` seconds, with the best bound any member proved over the enumerated
+    options) and returns TorchRec's ShardingPlan, keyed by each module's path.
 
-    Built like TorchRec's EmbeddingShardingPlanner from a `Topology`, the `batch_size` per rank and
-    `constraints` (ParameterConstraints by table name), plus `budget` (seconds), `oracle` (the cost
-    model the solvers optimise; `torchrec` is TorchRec's own estimator), `solvers` (default: the
-    recommended portfolio), `seed` and `gap` (stop once a plan is certified within this fraction of its
-    bound; default 0). After `plan`, `result` holds the PortfolioResult (objective,
-    bound, gap, winning solver, members) and `instance` the instance planned (a table that shares its
-    name with another module's, or has a ".", is renamed there after its module's path).
+    Built like TorchRec's EmbeddingShardingPlanner from a `Topology`, the `batch_size` per rank,
+    `constraints` (ParameterConstraints by table name) and a `storage_reservation` (TorchRec's default,
+    HeuristicalStorageReservation(0.15), when not given: 15 % of HBM and room for the dense parameters and
+    input batches, reserved on the real model), plus `budget` (seconds), `oracle` (the cost model the
+    solvers optimise; `torchrec`, TorchRec's own estimator, by default), `solvers` (default: the recommended
+    portfolio), `seed` and `gap` (stop once a plan is certified within this fraction of its bound; default
+    0). After `plan`, `result` holds the PortfolioResult (objective, bound, gap, winning solver, members,
+    notes) and `instance` the instance planned (a table that shares its name with another module's, or has
+    a ".", is renamed there after its module's path).
+
+    Every table is priced as TorchRec prices it on this model: each of its features' pooling factors (one
+    input and one pooled output each, as its constraints give them), weighted inputs (a weighted EBC or a
+    feature processor) and its module's kind. On a cuda Topology its DDR is host memory where tables may
+    live (`fused_uvm`, `fused_uvm_caching`), as in TorchRec's planner: TorchRec's default of 128 GiB per rank
+    where no ddr_cap was given, which `result.notes` and the log then say.
 
     Constraints are honoured, not ignored: `sharding_types` narrow a table's types (together with what its
-    sharder supports on the topology's compute device); `pooling_factors` set its lookups per sample;
-    `compute_kernels` narrow its kernels to those its sharder allows, they allow and shardbench models
-    (`fused`, `fused_uvm`, `fused_uvm_caching`, `dense`; the host-memory ones only where the Topology has
-    a `ddr_cap`, TorchRec's 128 GiB default being read as none), and its types to those left a kernel;
+    sharder supports on the topology's compute device; a feature-processed module's tables take row-wise
+    types only where the constraints name them, as TorchRec's enumerator has it); `pooling_factors` set its
+    inputs; `compute_kernels` narrow its kernels to those its sharder allows, they allow and shardbench models
+    (`fused`, `fused_uvm`, `fused_uvm_caching`, `dense`), and its types to those left a kernel;
     `cache_params.load_factor` fixes its cache size (else one is chosen per table). A table whose
     constraints leave no modelled kernel, or that sets other CacheParams fields (`stats` aside, which
     nothing at run time reads), `num_poolings` or `batch_sizes`, is refused with an error naming it. A
     cpu topology plans in its DDR as device memory, as TorchRec does.
 
-    Known limit: a table serving several features is planned with their lookups summed into one pooling
-    factor; TorchRec's estimator also sends one pooled output per feature, so for such tables its rating
-    of the plan can exceed `result.objective` (single-feature tables rate equal)."""
+    In an initialised process group, `plan` plans on rank 0 and broadcasts its ShardingPlan, as TorchRec's
+    `collective_plan` does, so every rank gets the same plan whatever each rank's clock would have given;
+    `result` is then set on rank 0 only."""
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
-                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0) -> None:
+                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
+                 storage_reservation: StorageReservation | None = None) -> None:
         self._topology = topology
         self._batch_size = batch_size if batch_size else BATCH_SIZE
         self._constraints = dict(constraints or {})
         self._budget, self._oracle, self._solvers, self._seed, self._gap = budget, oracle, solvers, seed, gap
+        self._reservation = storage_reservation
         self.result: PortfolioResult | None = None
         self.instance: Instance | None = None
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None = None) -> ShardingPlan:
         """The ShardingPlan of every shardable module of `module` (found by `sharders`, TorchRec's
-        defaults when not given), planned jointly. Raises PlannerError when no member finds a plan."""
-        found = _shardable_modules(module, sharders if sharders is not None else get_default_sharders())
-        if not found:
-            raise PlannerError("shardbench: the model has no module its sharders shard")
-        names = _instance_names(found)
-        instance = self._instance(found, names)
-        if self._oracle == "torchrec" and len({t.pooled for t in instance.tables}) > 1:
-            raise PlannerError("shardbench: the torchrec oracle prices a model of pooled (EmbeddingBagCollection) or "
-                               "sequence (EmbeddingCollection) tables, not both; plan this one with oracle='analytic'")
-        self.instance = instance
-        self.result = run(plan_request(instance, self._oracle, budget=self._budget, solvers=self._solvers,
-                                       seed=self._seed, gap=self._gap)).result
-        if self.result.plan is None:
-            reason = self.result.no_plan_reason
-            if "ddr_cap" in reason and self._topology.compute_device == "cuda":  # the hint for host memory fired
-                reason += ("; on a Topology, host memory is its ddr_cap per rank (TorchRec's 128 GiB default reads "
-                           "as none)")
-            raise PlannerError(f"shardbench found no plan within {self._budget} s: {reason}")
-        modules = [ShardableModule(f.path, f.module, f.sharder,
-                                   tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
-        return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)
+        defaults when not given), planned jointly — on rank 0 and broadcast when a process group is
+        initialised. Raises PlannerError when no member finds a plan."""
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return self.collective_plan(module, sharders)
+        return self._plan_here(module, sharders)
 
     def collective_plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None = None,
                         pg: dist.ProcessGroup | None = None) -> ShardingPlan:
-        """`plan` on rank 0 of `pg` (the default group when not given), its ShardingPlan broadcast to every
-        rank; `result` is set on rank 0 only."""
+        """The plan made on rank 0 of `pg` (the default group when not given), broadcast to every rank;
+        `result` is set on rank 0 only."""
         from torchrec.distributed.collective_utils import invoke_on_rank_and_broadcast_result
 
         if pg is None:
             if not dist.is_initialized():
                 raise PlannerError("collective_plan needs an initialised process group; use plan() on one process")
             pg = dist.GroupMember.WORLD
-        return invoke_on_rank_and_broadcast_result(pg, 0, self.plan, module,
-                                                   sharders if sharders is not None else get_default_sharders())
+        return invoke_on_rank_and_broadcast_result(pg, 0, self._plan_here, module, sharders)
 
-    def _instance(self, found: list[_Found], names: dict[tuple[str, str], str]) -> Instance:
+    def _plan_here(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None) -> ShardingPlan:
+        sharders = sharders if sharders is not None else get_default_sharders()
+        found = _shardable_modules(module, sharders)
+        if not found:
+            raise PlannerError("shardbench: the model has no module its sharders shard")
+        names = _instance_names(found)
+        instance, notes = self._instance(found, names, module, sharders)
+        for note in notes:
+            logging.getLogger("shardbench").warning("shardbench: %s", note)
+        self.instance = instance
+        self.result = run(plan_request(instance, self._oracle, budget=self._budget, solvers=self._solvers,
+                                       seed=self._seed, gap=self._gap, notes=notes)).result
+        if self.result.plan is None:
+            raise PlannerError(f"shardbench found no plan within {self._budget} s: {self.result.no_plan_reason}")
+        modules = [ShardableModule(f.path, f.module, f.sharder,
+                                   tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
+        return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)
+
+    def _reserved(self, module: nn.Module, sharders: list) -> Topology:
+        """The Topology with the storage reservation taken off, as TorchRec's planner reserves it on the model."""
+        reservation = self._reservation
+        if reservation is None:
+            with warnings.catch_warnings():  # its advice to pick another policy: this one is TorchRec's default
+                warnings.simplefilter("ignore", FutureWarning)
+                reservation = HeuristicalStorageReservation(percentage=STORAGE_RESERVE)
+        return reservation.reserve(self._topology, self._batch_size, module, sharders, self._constraints)
+
+    def _instance(self, found: list[_Found], names: dict[tuple[str, str], str], model: nn.Module,
+                  sharders: list) -> tuple[Instance, tuple[str, ...]]:
         """One instance of every table of every module, under its instance name, with its constraints
-        narrowed to what shardbench models."""
+        narrowed to what shardbench models; with the assumptions it rests on."""
         import dataclasses
 
-        configs, constraints = [], {}
+        configs, constraints, weighted = [], {}, []
         device = self._topology.compute_device
         host = host_memory_bytes(self._topology) > 0
         for f in found:
@@ -123,20 +157,31 @@ class ShardbenchPlanner(ShardingPlanner):
             for config in f.configs:
                 name = names[f.path, config.name]
                 configs.append(dataclasses.replace(config, name=name))
+                if config.name in f.weighted:
+                    weighted.append(name)
                 given = self._constraints.get(config.name) or ParameterConstraints()
-                kernels = _allowed_kernels(config.name, given, supported, host,
+                kinds = supported if given.sharding_types or not f.processed else \
+                    [k for k in supported if k not in FEATURE_PROCESSED_GUARDED]
+                kernels = _allowed_kernels(config.name, given, kinds, host,
                                            lambda kind, s=f.sharder: s.compute_kernels(kind, device))
                 allowed = tuple(k for k in KERNELS if any(k in ks for ks in kernels.values()))
                 field = f"constraints[{config.name!r}].cache_params"
                 if not host and getattr(given.cache_params, "load_factor", None) is not None:
                     raise InstanceError(f"{field}.load_factor", f"table {config.name}: a cache lives in front of host "
-                                        "memory, which this Topology has none of: give it a ddr_cap")
+                                        "memory, which this Topology has none of")
                 load_factor = cache_load_factor(given.cache_params, allowed, field, config.name)
                 constraints[name] = ParameterConstraints(
-                    sharding_types=list(kernels), pooling_factors=list(given.pooling_factors),
+                    sharding_types=list(kernels), pooling_factors=given.pooling_factors,
                     compute_kernels=list(allowed),
                     cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
-        return from_torchrec(configs, self._topology, constraints, self._batch_size, instance_id="torchrec-model")
+        instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
+                                 instance_id="torchrec-model", weighted=weighted, reserved=True)
+        notes = ()
+        if host and assumes_default_ddr(self._topology):
+            notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "
+                     f"{instance.topology.host_memory_bytes / 2**30:g} GiB per rank was assumed, as its planner "
+                     "assumes it; pass ddr_cap to plan with the host memory you have",)
+        return instance, notes
 
 
 def _shardable_modules(model: nn.Module, sharders: list) -> list[_Found]:
@@ -152,11 +197,26 @@ def _shardable_modules(model: nn.Module, sharders: list) -> list[_Found]:
             continue
         if type(module) not in MODELLED:
             raise PlannerError(f"shardbench: module {path or '(root)'} is a {type(module).__name__}; shardbench plans "
-                               "EmbeddingBagCollection and EmbeddingCollection only")
-        configs = module.embedding_bag_configs() if isinstance(module, EmbeddingBagCollection) else module.embedding_configs()
+                               "EmbeddingBagCollection, FeatureProcessedEmbeddingBagCollection and EmbeddingCollection "
+                               "modules only")
+        processed = isinstance(module, FeatureProcessedEmbeddingBagCollection)
+        bags = module._embedding_bag_collection if processed else module
+        configs = bags.embedding_bag_configs() if isinstance(bags, EmbeddingBagCollection) else bags.embedding_configs()
         shardable = set(sharder.shardable_parameters(module))
-        found.append(_Found(path, module, sharder, tuple(c for c in configs if c.name in shardable)))
+        configs = tuple(c for c in configs if c.name in shardable)
+        found.append(_Found(path, module, sharder, configs, _weighted(module, configs), processed))
     return found
+
+
+def _weighted(module: nn.Module, configs: tuple) -> frozenset:
+    """The tables whose inputs TorchRec's estimator prices as weighted: all of a weighted bag collection's, and
+    those a feature processor of the module processes (its feature_processor_modules, keyed by table)."""
+    if isinstance(module, EmbeddingBagCollection) and module.is_weighted():
+        return frozenset(c.name for c in configs)
+    processors = getattr(getattr(module, "_feature_processor", None), "feature_processor_modules", None)
+    if isinstance(processors, nn.ModuleDict):
+        return frozenset(c.name for c in configs if c.name in processors.keys())
+    return frozenset()
 
 
 def _instance_names(found: list[_Found]) -> dict[tuple[str, str], str]:

@@ -80,6 +80,7 @@ class PortfolioResult:
     skipped: tuple[str, ...] = ()  # members that cannot plan under this oracle, with the reason
     pricing_s: float = 0.0      # spent pricing the options before the members started (part of the budget)
     refused: str | None = None  # the proof that no plan fits memory, when the pipeline therefore ran no member
+    notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf (e.g. TorchRec's default DDR)
 
     @property
     def no_plan_reason(self) -> str | None:

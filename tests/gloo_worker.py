@@ -1,8 +1,10 @@
 """Runs an exported ShardingPlan for real: 2 CPU processes over gloo shard a model with TorchRec's
 DistributedModelParallel, then run a forward and a backward. The model is the instance's
 EmbeddingBagCollection, or with `--dlrm` a small TorchRec DLRM (`small_dlrm`) whose plan ShardbenchPlanner
-made; then each rank also plans it with `collective_plan` and reports that plan.
-Usage: gloo_worker.py [--dlrm] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank> as JSON)."""
+made; then each rank also plans it with `collective_plan` and reports that plan. With `--quickstart` each
+rank runs README's quickstart as written — `ShardbenchPlanner(...).plan(model, sharders)`, then DMP — with
+a portfolio that differs per rank, so that only planning once and broadcasting gives both the same plan.
+Usage: gloo_worker.py [--dlrm | --quickstart] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank>)."""
 import json
 import math
 import os
@@ -64,6 +66,37 @@ def _run_dlrm(rank: int, plan_path: str) -> dict:
             "collective": readable(collective), "planned_here": planner.result is not None}
 
 
+def _run_quickstart(rank: int) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    import shardbench
+    from interop.export import readable
+
+    from torchrec.distributed.planner import ParameterConstraints
+
+    sharders = [EmbeddingBagCollectionSharder()]
+    # Rank 1 alone would plan otherwise (its own constraints, its own clock): the plan must be rank 0's.
+    constraints = [{}, {"t0": ParameterConstraints(sharding_types=["column_wise"])}][rank]
+    planner = shardbench.ShardbenchPlanner(cpu_topology(), batch_size=4, budget=1.0, constraints=constraints)
+    plan = planner.plan(small_dlrm(dense_device="meta"), sharders)
+    model = DistributedModelParallel(small_dlrm(), device=torch.device("cpu"), plan=plan,
+                                     env=ShardingEnv.from_process_group(dist.group.WORLD), sharders=sharders)
+    batch, keys = 4, [f"f{i}" for i in range(len(DLRM_ROWS))]
+    generator = torch.Generator().manual_seed(rank)
+    values = torch.randint(0, min(DLRM_ROWS), (len(keys) * batch,), generator=generator)
+    logits = model(torch.rand(batch, DLRM_DENSE, generator=generator), KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=values, lengths=torch.ones(len(keys) * batch, dtype=torch.int64)))
+    logits.sum().backward()
+    alone = shardbench.ShardbenchPlanner(cpu_topology(), batch_size=4, budget=1.0, constraints=constraints)
+    return {"ok": True, "plan": readable(plan), "planned_here": planner.result is not None,
+            "alone": readable(alone._plan_here(small_dlrm(dense_device="meta"), sharders))}
+
+
 def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -72,14 +105,12 @@ def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
     from torchrec.distributed.types import ShardingEnv
 
     from instances import load_instance
-    from interop.common import torchrec_module, torchrec_sharder
+    from interop.common import torchrec_model, torchrec_sharders
 
     instance = load_instance(instance_path)
-    module = torchrec_module(instance)
     plan = torch.load(plan_path, weights_only=False)
-    model = DistributedModelParallel(module, device=torch.device("cpu"), plan=plan,
-                                     env=ShardingEnv.from_process_group(dist.group.WORLD),
-                                     sharders=[torchrec_sharder(module)])
+    model = DistributedModelParallel(torchrec_model(instance), device=torch.device("cpu"), plan=plan,
+                                     env=ShardingEnv.from_process_group(dist.group.WORLD), sharders=torchrec_sharders())
     batch = instance.workload.batch_size
     keys = [t.name for t in instance.tables]
     lengths = torch.ones(len(keys) * batch, dtype=torch.int64)
@@ -90,7 +121,7 @@ def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
     return {"ok": True, "shape": list(pooled.values().shape), "loss_finite": math.isfinite(float(loss))}
 
 
-def worker(rank: int, world: int, dlrm: bool, instance_path: str, plan_path: str, port: str, out: str) -> None:
+def worker(rank: int, world: int, mode: str, instance_path: str, plan_path: str, port: str, out: str) -> None:
     warnings.filterwarnings("ignore")
     import torch
     import torch.distributed as dist
@@ -99,7 +130,12 @@ def worker(rank: int, world: int, dlrm: bool, instance_path: str, plan_path: str
     dist.init_process_group("gloo", rank=rank, world_size=world)
     result = {"ok": False}
     try:
-        result = _run_dlrm(rank, plan_path) if dlrm else _run_instance(rank, instance_path, plan_path)
+        if mode == "--dlrm":
+            result = _run_dlrm(rank, plan_path)
+        elif mode == "--quickstart":
+            result = _run_quickstart(rank)
+        else:
+            result = _run_instance(rank, instance_path, plan_path)
     except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
         result = {"ok": False, "error": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-3000:]}
     finally:
@@ -129,6 +165,6 @@ def run_on_two_gloo_processes(*arguments: str, out: str) -> list[dict]:
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    dlrm = sys.argv[1] == "--dlrm"
-    arguments = sys.argv[2:6] if dlrm else sys.argv[1:5]
-    mp.start_processes(worker, args=(2, dlrm, *arguments), nprocs=2, start_method="spawn")
+    mode = sys.argv[1] if sys.argv[1].startswith("--") else ""
+    arguments = sys.argv[2:6] if mode else sys.argv[1:5]
+    mp.start_processes(worker, args=(2, mode, *arguments), nprocs=2, start_method="spawn")

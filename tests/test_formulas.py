@@ -140,19 +140,15 @@ def test_a_kernel_the_formulas_do_not_cover_is_priced_by_torchrec(monkeypatch):
 def test_a_weighted_model_is_priced_by_torchrec(monkeypatch):
     """TorchRec prices weighted features differently (ids read twice, an extra backward kernel), which the
     formulas do not restate: every piece goes to its estimators."""
-    from torchrec import EmbeddingBagCollection
-
     instance = _small(1, 4, pooled=True)
+    weighted = dataclasses.replace(instance, tables=tuple(dataclasses.replace(t, weighted=True) for t in instance.tables))
     pieces = _options(instance)
     plain = get_oracle("torchrec").bind(instance, pieces)
-    module = oracle_module.torchrec_module
-    monkeypatch.setattr(oracle_module, "torchrec_module", lambda inst: EmbeddingBagCollection(
-        tables=module(inst).embedding_bag_configs(), is_weighted=True, device="meta"))
     handed = _spy_on_torchrec(monkeypatch)
     oracle = get_oracle("torchrec")
-    priced = oracle.bind(instance, pieces)
-    assert oracle._estimates(instance).tables.problem == ("weighted features",) * instance.num_tables
-    assert not oracle._estimates(instance).covered(pieces).any() and handed
+    priced = oracle.bind(weighted, pieces)
+    assert oracle._estimates(weighted).tables.problem == ("weighted features",) * instance.num_tables
+    assert not oracle._estimates(weighted).covered(pieces).any() and handed
     assert (priced.breakdown.sum(axis=1) > plain.breakdown.sum(axis=1)).all()
     np.testing.assert_array_equal(priced.storage, plain.storage)
 

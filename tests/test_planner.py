@@ -49,6 +49,18 @@ def test_a_dlrm_plan_runs_forward_and_backward_under_dmp_on_two_gloo_processes(t
     assert [r["planned_here"] for r in ranks] == [True, False]
 
 
+def test_the_quickstart_on_two_gloo_ranks_plans_once_and_every_rank_gets_that_plan(tmp_path):
+    # Each rank runs plan() as the quickstart does, rank 1 with constraints of its own that make its plan
+    # differ when it plans alone; in a process group rank 0 plans and broadcasts, both train on its plan.
+    ranks = run_on_two_gloo_processes("--quickstart", "-", "-", out=str(tmp_path / "out"))
+    for result in ranks:
+        assert result["ok"], result
+    assert ranks[0]["plan"] == ranks[1]["plan"] == ranks[0]["alone"]
+    assert ranks[1]["alone"] != ranks[1]["plan"] and ranks[1]["alone"]["sparse_arch.embedding_bag_collection.t0"][
+        "sharding_type"] == "column_wise"
+    assert [r["planned_here"] for r in ranks] == [True, False]
+
+
 def _dlrm_six_tables():
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
     from torchrec.models.dlrm import DLRM
@@ -108,8 +120,13 @@ def test_every_shardable_module_of_a_nested_model_gets_its_path():
     assert sorted(rows[n] for n in names if "shared" in n) == [1000, 5000]
     # TorchRec 1.8's EmbeddingCollectionSharder has no table_row_wise: the sequence table never gets it.
     assert sharding_plan.plan["history"]["clicks"].sharding_type in {"data_parallel", "table_wise", "column_wise", "row_wise"}
-    with pytest.raises(Exception, match="not both"):
-        shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=64, budget=2.0).plan(_TwoTowers(), _sharders())
+    # Under TorchRec's estimator too: the pooled and the sequence tables each priced by their own module's
+    # sharder, and the objective is TorchRec's own rating of the plan on this model.
+    model, sharders = _TwoTowers(), _sharders()
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=64, budget=2.0)
+    sharding_plan = planner.plan(model, sharders)
+    rating = torchrec_rating(model, sharders, sharding_plan, _gpu_topology(), 64)
+    assert max(rating) == pytest.approx(planner.result.objective, rel=1e-9)
 
 
 def test_constraints_are_honoured_or_refused_by_table_name():
@@ -125,12 +142,15 @@ def test_constraints_are_honoured_or_refused_by_table_name():
     tables = {t.name: t for t in planner.instance.tables}
     assert tables["t2"].pooling_factor == 7.0 and tables["t2"].sharding_types == ("row_wise",)
     assert "data_parallel" not in tables["t0"].sharding_types
-    for bad, field in [(ParameterConstraints(compute_kernels=["fused_uvm_caching", "key_value"]), "compute_kernels"),
-                       (ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"]), "compute_kernels"),
-                       (ParameterConstraints(sharding_types=["grid_shard"]), "sharding_types"),
-                       (ParameterConstraints(compute_kernels=["fused_uvm"]), "compute_kernels"),  # no ddr_cap
-                       (ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), "cache_params.load_factor")]:
-        planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256, constraints={"t4": bad}, budget=2.0)
+    no_host = {"ddr_cap": 0}  # a Topology without host memory (without a ddr_cap it has TorchRec's default)
+    for bad, field, host in [
+            (ParameterConstraints(compute_kernels=["fused_uvm_caching", "key_value"]), "compute_kernels", no_host),
+            (ParameterConstraints(sharding_types=["data_parallel"], compute_kernels=["fused"]), "compute_kernels", {}),
+            (ParameterConstraints(sharding_types=["grid_shard"]), "sharding_types", {}),
+            (ParameterConstraints(compute_kernels=["fused_uvm"]), "compute_kernels", no_host),
+            (ParameterConstraints(cache_params=CacheParams(load_factor=0.2)), "cache_params.load_factor", no_host)]:
+        planner = shardbench.ShardbenchPlanner(_gpu_topology(**host), batch_size=256, constraints={"t4": bad},
+                                               budget=2.0)
         with pytest.raises(InstanceError) as error:
             planner.plan(model, sharders)
         assert str(error.value).startswith(f"constraints['t4'].{field}:") and "\n" not in str(error.value)
@@ -162,12 +182,19 @@ def test_a_model_larger_than_hbm_plans_with_host_kernels_given_ddr_cap_and_rates
     assert planner.instance.topology.host_memory_bytes == 4 * 2**30
     ours = torchrec_rating(model, sharders, planner.plan(model, sharders), topology, batch, constraints)
     assert max(ours) == pytest.approx(planner.result.objective, rel=1e-9)  # TorchRec rates it as our oracle did
-    # Without ddr_cap (TorchRec's default DDR reads as none), the reason and where host memory goes.
+    # Without ddr_cap: TorchRec's default DDR, as its planner assumes it, and the result and the log say so.
     bare = shardbench.ShardbenchPlanner(_gpu_topology(hbm_cap=hbm_cap), batch_size=batch, budget=3.0)
+    default_plan = bare.plan(model, sharders)
+    assert bare.instance.topology.host_memory_bytes == 128 * 2**30
+    assert len(bare.result.notes) == 1 and "TorchRec's default of 128 GiB per rank was assumed" in bare.result.notes[0]
+    assert max(torchrec_rating(model, sharders, default_plan, _gpu_topology(hbm_cap=hbm_cap), batch)) == \
+        pytest.approx(bare.result.objective, rel=1e-9)
+    # With no host memory at all, the reason says where it could go.
+    none = shardbench.ShardbenchPlanner(_gpu_topology(hbm_cap=hbm_cap, ddr_cap=0), batch_size=batch, budget=3.0)
     with pytest.raises(PlannerError) as error:
-        bare.plan(model, sharders)
+        none.plan(model, sharders)
     message = str(error.value)
-    assert "B of HBM" in message and "tables need" in message and "ddr_cap" in message and "\n" not in message, message
+    assert "HBM" in message and "tables need" in message and "ddr_cap" in message and "\n" not in message, message
     # CacheParams fields shardbench does not model are refused, naming the table.
     lfu = {"t1": ParameterConstraints(cache_params=CacheParams(load_factor=0.2, algorithm=CacheAlgorithm.LFU))}
     with pytest.raises(InstanceError, match=r"^constraints\['t1'\]\.cache_params\.algorithm: table t1: is not modelled"):
@@ -178,7 +205,7 @@ def test_a_model_that_cannot_fit_raises_torchrecs_planner_error_with_the_reason(
     from torchrec.distributed.planner import Topology
     from torchrec.distributed.planner.types import PlannerError
 
-    tiny = Topology(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap=64 * 2**20)
+    tiny = Topology(world_size=2, local_world_size=2, compute_device="cuda", hbm_cap=64 * 2**20, ddr_cap=0)
     planner = shardbench.ShardbenchPlanner(tiny, batch_size=256, budget=2.0)
     with pytest.raises(PlannerError, match="no plan") as error:
         planner.plan(_dlrm_six_tables(), _sharders())

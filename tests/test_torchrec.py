@@ -11,7 +11,6 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-import benchmarks  # noqa: F401  (plugs the TorchRec adapters into the registries)
 from shardbench.cli import main
 from costmodels import get_oracle
 from instances import (
@@ -19,6 +18,7 @@ from instances import (
     Plan,
     PlanError,
     Shard,
+    Table,
     TableSharding,
     Topology,
     Workload,
@@ -26,7 +26,7 @@ from instances import (
     save_instance,
 )
 from instances.sharding import plan_to_dict, row_cuts
-from interop.common import STORAGE_RESERVE, torchrec_module
+from interop.common import STORAGE_RESERVE, torchrec_model
 from interop.export import from_torchrec_plan, rate_with_torchrec, to_torchrec
 from interop.importer import from_torchrec
 from interop.peer import plan_with_torchrec
@@ -68,11 +68,61 @@ def test_import_from_torchrec_objects():
     instance = from_torchrec(ebc, topology, constraints, batch_size=64)
     a, b = instance.tables
     assert (a.rows, a.dim, a.dtype_bytes, a.pooling_factor, a.sharding_types) == (100, 32, 2, 5.0, ("row_wise", "table_wise"))
-    assert (b.dtype_bytes, b.pooling_factor, b.sharding_types) == (4, 1.0, None)
+    assert a.pooling_factors == (2.0, 3.0) and a.inputs == (2.0, 3.0)  # one input per feature, as TorchRec has it
+    assert (b.dtype_bytes, b.pooling_factor, b.sharding_types, b.inputs) == (4, 1.0, None, (1.0,))
     assert (instance.topology.nodes, instance.topology.devices_per_node) == (2, 4)
     assert instance.topology.memory_bytes == int(10 * 2**30 * (1 - STORAGE_RESERVE))
     assert instance.topology.inter_node_a2a_bw == pytest.approx(topology.inter_host_bw * 1000)
     assert instance.workload.batch_size == 64
+
+
+def _real_model_instance(host: bool = False) -> Instance:
+    """Tables as real models have them: several inputs, weighted ones, and sequence tables beside pooled
+    ones (three modules), on 2 nodes × 2 devices."""
+    from dataclasses import replace
+
+    from conftest import make_table
+
+    tables = (Table.of_inputs((4.0, 1.0, 0.5), **_fields(make_table("multi", 1000, 16, 0.0))),
+              replace(make_table("weighted", 300, 32, 12.0), weighted=True),
+              make_table("plain", 40, 8, 1.0),
+              replace(make_table("sequence", 500, 16, 3.0), pooled=False),
+              replace(make_table("weighted_multi", 800, 16, 0.0), weighted=True, pooling_factor=7.0,
+                      pooling_factors=(2.0, 5.0)))
+    topology = Topology(2, 2, 1 << 30, host_memory_bytes=(1 << 33) if host else 0)
+    return Instance("real", tables, topology, Workload(batch_size=128)).validate()
+
+
+def _fields(table) -> dict:
+    from dataclasses import asdict
+
+    return {k: v for k, v in asdict(table).items() if k not in ("pooling_factor", "pooling_factors")}
+
+
+def test_tables_with_several_inputs_weights_and_modules_round_trip_and_rate_as_torchrec_does(tmp_path):
+    instance = _real_model_instance(host=True)
+    save_instance(instance, tmp_path / "i.json")
+    assert load_instance(tmp_path / "i.json") == instance
+    assert json.loads((tmp_path / "i.json").read_text())["schema_version"] == 3
+    oracle = get_oracle("torchrec")
+    for solver in ("split-greedy", "best-greedy"):
+        plan = run_solver(solver, instance, oracle, Budget(5.0), 0).plan
+        sharding_plan = to_torchrec(instance, plan, path="sparse")
+        assert set(sharding_plan.plan) == {"sparse.ebc", "sparse.weighted_ebc", "sparse.ec"}
+        assert from_torchrec_plan(instance, sharding_plan) == plan
+        assert max(rate_with_torchrec(instance, sharding_plan)) == pytest.approx(oracle.plan_cost(instance, plan),
+                                                                              rel=1e-9)
+    # A table's inputs must add up to its pooling factor, and only pooled tables take weights.
+    from dataclasses import replace
+
+    from instances import InstanceError
+
+    bad = replace(instance, tables=(replace(instance.tables[0], pooling_factor=6.0), *instance.tables[1:]))
+    with pytest.raises(InstanceError, match=r"^tables\[0\]\.pooling_factors: add up to 5.5"):
+        bad.validate()
+    bad = replace(instance, tables=(*instance.tables[:3], replace(instance.tables[3], weighted=True), *instance.tables[4:]))
+    with pytest.raises(InstanceError, match=r"^tables\[3\]\.weighted: a sequence table"):
+        bad.validate()
 
 
 def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
@@ -184,9 +234,12 @@ def test_import_reads_host_memory_kernels_and_cache_params_from_torchrec_objects
     a, b = instance.tables
     assert (a.compute_kernels, a.cache_load_factor) == (("fused_uvm_caching",), 0.1)
     assert (b.compute_kernels, b.cache_load_factor) == (("fused", "fused_uvm", "dense"), None)
-    # TorchRec's default DDR (no ddr_cap given) is a placeholder: no host memory. On cpu DDR is device memory.
+    # TorchRec's default DDR (no ddr_cap given) is host memory, as its planner reads it; ddr_cap 0 is none. On
+    # cpu DDR is device memory.
     default = TorchRecTopology(world_size=2, compute_device="cuda", hbm_cap=2**30)
-    assert from_torchrec(configs, default).topology.host_memory_bytes == 0
+    assert from_torchrec(configs, default).topology.host_memory_bytes == 128 * 2**30
+    none = TorchRecTopology(world_size=2, compute_device="cuda", hbm_cap=2**30, ddr_cap=0)
+    assert from_torchrec(configs, none).topology.host_memory_bytes == 0
     cpu = TorchRecTopology(world_size=2, compute_device="cpu", ddr_cap=2**30)
     assert from_torchrec(configs, cpu).topology.host_memory_bytes == 0
     for constraint, needle in [
@@ -203,7 +256,7 @@ def test_import_reads_host_memory_kernels_and_cache_params_from_torchrec_objects
             (ParameterConstraints(compute_kernels=["fused_uvm"]), "tables[0].compute_kernels: table a has no compute "
                                                                   "kernel")]:
         with pytest.raises(InstanceError) as error:
-            from_torchrec(configs, default if "no compute" in needle else topology, {"a": constraint})
+            from_torchrec(configs, none if "no compute" in needle else topology, {"a": constraint})
         assert str(error.value).startswith(needle) and "\n" not in str(error.value), str(error.value)
 
 
@@ -223,7 +276,7 @@ def test_export_round_trips_every_sharding_type_and_keeps_table_names_and_sizes(
     plan = _plans(instance).validate(instance)
     sharding_plan = to_torchrec(instance, plan)
     assert from_torchrec_plan(instance, sharding_plan) == plan
-    module = torchrec_module(instance)
+    module = torchrec_model(instance)
     sizes = {c.name: (c.num_embeddings, c.embedding_dim) for c in module.embedding_bag_configs()}
     assert sizes == {t.name: (t.rows, t.dim) for t in instance.tables}
     assert set(sharding_plan.plan[""]) == set(sizes)
