@@ -12,6 +12,9 @@ HOST_KERNELS = (FUSED_UVM, FUSED_UVM_CACHING)  # kernels that keep the table in 
 # the bends of its own access curve (instances.access).
 LOAD_FACTOR_GRID = (0.05, 0.1, 0.2, 0.3, 0.5, 0.7)
 LOAD_FACTOR_DIGITS = 4  # load factors are rounded to this many decimals, so that equal caches are one option
+# TorchRec's cache when nothing sizes it (its planner's UVM_CACHING_RATIO): on the grid, so every cached
+# table is offered it.
+TORCHREC_LOAD_FACTOR = 0.2
 
 
 def kernels_for(sharding_type: str) -> tuple[str, ...]:

@@ -1,8 +1,9 @@
 """Memory as a vector over tiers — a device's HBM and its host memory (DDR) — and the one rule for what a
 piece of a table stores where: its weights plus the optimizer state kept beside them, in HBM (`fused`,
 `dense`), in host memory (`fused_uvm`), or in host memory with an HBM cache of a share of its rows
-(`fused_uvm_caching`: the cached rows' weights plus FBGEMM's cache state). Every capacity check,
-validation and solver reads these vectors; nothing else multiplies bytes."""
+(`fused_uvm_caching`: the cached rows' weights plus FBGEMM's cache state); and, where the workload counts
+them as TorchRec's storage estimator does, the input and output buffers of each shard in HBM. Every
+capacity check, validation and solver reads these vectors; nothing else multiplies bytes."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ OPTIMIZER_STATE = {"sgd": (0, 0), "rowwise_adagrad": (0, 4), "adagrad": (4, 0), 
 # optimizer state stays in host memory with the table.
 CACHE_MAP_BYTES_PER_ROW = 4
 CACHE_STATE_BYTES_PER_SLOT = 16
+ID_BYTES = 8  # an input id, as TorchRec counts it (int64)
 
 
 @dataclass(frozen=True)
@@ -58,27 +60,50 @@ def cache_rows(rows, load_factor):
     return np.ceil(np.asarray(load_factor, dtype=float) * np.asarray(rows)).astype(np.int64)
 
 
-def storage(rows, width, dtype_bytes, optimizer: str, kernel=None, load_factor=None) -> np.ndarray:
+def io_bytes(rows, width, inputs, outputs, pooled, element, reach, divisor) -> np.ndarray:
+    """TorchRec's input and output buffers of each shard, in HBM (its storage estimator's
+    `_calculate_shard_io_sizes` without a pipeline): a shard receives the ids of the lookups it serves for
+    the samples of `reach` devices (`inputs` per device's batch, of which a row shard serves 1/`divisor`)
+    and writes their outputs (`outputs` pooled vectors per batch, or one per lookup for a sequence table)
+    of `width` elements of `element` bytes. A row shard without rows holds neither."""
+    rows, width = np.asarray(rows, dtype=np.int64), np.asarray(width, dtype=np.int64)
+    served = np.asarray(inputs, dtype=float) / divisor
+    written = np.where(pooled, outputs, served)
+    ids = np.ceil(served * reach * ID_BYTES)
+    vectors = np.ceil(written * reach * width * element)
+    return np.where(rows * width == 0, 0, ids + vectors).astype(np.int64)
+
+
+def storage(rows, width, dtype_bytes, optimizer: str, kernel=None, load_factor=None, io=None) -> np.ndarray:
     """Storage vectors, shape (..., 2): what each piece keeps in HBM and in host memory under its kernel
     (codes of instances.kernels.KERNELS; None: every piece in HBM) and cache load factor (0 where the
-    kernel keeps no cache)."""
+    kernel keeps no cache), with its input and output buffers (`io`, bytes in HBM; None: none counted)."""
     rows, width = np.asarray(rows, dtype=np.int64), np.asarray(width, dtype=np.int64)
     dtype_bytes = np.asarray(dtype_bytes, dtype=np.int64)
     stored = np.asarray(stored_bytes(rows, width, dtype_bytes, optimizer), dtype=np.int64)
+    buffers = 0 if io is None else np.asarray(io, dtype=np.int64)
     if kernel is None:
-        return np.stack([stored, np.zeros_like(stored)], axis=-1)
+        return np.stack([stored + buffers, np.zeros_like(stored)], axis=-1)
     kernel = np.asarray(kernel)
     in_host = (kernel == KERNEL_CODE[FUSED_UVM]) | (kernel == KERNEL_CODE[FUSED_UVM_CACHING])
     cached = kernel == KERNEL_CODE[FUSED_UVM_CACHING]
     slots = np.where(cached, cache_rows(rows, np.where(cached, load_factor, 0.0)), 0)
     cache = slots * (width * dtype_bytes + CACHE_STATE_BYTES_PER_SLOT) + rows * CACHE_MAP_BYTES_PER_ROW
-    hbm = np.where(in_host, np.where(cached, cache, 0), stored)
+    hbm = np.where(in_host, np.where(cached, cache, 0), stored) + buffers
     return np.stack([hbm, np.where(in_host, stored, 0)], axis=-1).astype(np.int64)
 
 
 def over_capacity(used: np.ndarray, capacity: np.ndarray) -> list[tuple[int, int]]:
     """(device, tier) pairs where per-device storage `used` (K × 2) exceeds the capacity vector."""
     return [(int(d), int(t)) for d, t in zip(*np.nonzero(np.asarray(used) > np.asarray(capacity)))]
+
+
+def format_bytes(count: int) -> str:
+    """A byte count for people: in GiB, MiB or KiB with three significant digits, small counts in B."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(count) >= size:
+            return f"{count / size:.3g} {unit}"
+    return f"{count} B"
 
 
 def tier_label(tier: int) -> str:

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .kernels import HOST_KERNELS, KERNELS, kernels_for
-from .memory import Storage, storage, stored_bytes
+from .memory import Storage, io_bytes, storage, stored_bytes
 # 2 added host memory and compute kernels, 3 each table's inputs (pooling factor per feature) and weights;
 # files of versions 1 and 2 still load.
 SCHEMA_VERSION = 3
@@ -23,6 +23,8 @@ OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 # devices; rows split over the devices of one node; a full replica on every device.
 SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
 COLUMN_ALIGNMENT = 4  # column shard widths are multiples of this (TorchRec's rule for column-wise blocks)
+# The types whose shards split a table's rows: over every device (row-wise), then over a node's (the rest).
+ROW_SPLIT_CODES = (SHARDING_TYPES.index("row_wise"), SHARDING_TYPES.index("table_row_wise"))
 # Ranges far beyond any real model, chosen so that every byte count and cost stays exact in int64 / finite
 # in float64 (a table's memory is at most 2^40 rows × 2^15 dims × 12 B < 2^59; an instance's total is
 # checked against MAX_TOTAL_BYTES).
@@ -268,11 +270,15 @@ class Topology:
 
 @dataclass(frozen=True)
 class Workload:
-    """batch_size is per device; dtype is that of the embedding outputs sent over the network."""
+    """batch_size is per device; dtype is that of the embedding outputs sent over the network;
+    `io_buffers`: each shard's input and output buffers count towards HBM, as TorchRec's storage estimator
+    counts them (models imported from TorchRec; the papers' sampled tasks count weights and optimizer
+    state alone)."""
 
     batch_size: int = 65536
     optimizer: str = "sgd"
     dtype: str = "fp16"
+    io_buffers: bool = False
 
     def validate(self, path: str) -> None:
         _positive_int(self.batch_size, f"{path}.batch_size", MAX_BATCH)
@@ -280,6 +286,7 @@ class Workload:
                  f"must be one of {OPTIMIZERS}, got {_short(self.optimizer)}")
         _require(isinstance(self.dtype, str) and self.dtype in DTYPE_BYTES, f"{path}.dtype",
                  f"must be one of {tuple(DTYPE_BYTES)}, got {_short(self.dtype)}")
+        _require(isinstance(self.io_buffers, bool), f"{path}.io_buffers", f"must be a boolean, got {_short(self.io_buffers)}")
 
 
 def is_column_cut(dim: int, parts: int) -> bool:
@@ -396,11 +403,33 @@ class Instance:
     def num_devices(self) -> int:
         return self.topology.num_devices
 
+    def io_bytes(self, table, kind, rows, width) -> np.ndarray | None:
+        """Per shard (its table's index, sharding type's index in SHARDING_TYPES, rows, width): the input and
+        output buffers TorchRec keeps for it in HBM (instances.memory.io_bytes), or None where the workload
+        does not count them."""
+        if not self.workload.io_buffers:
+            return None
+        batch = self.workload.batch_size
+        table, kind = np.asarray(table, dtype=np.int64), np.asarray(kind, dtype=np.int64)
+        # Per table, as TorchRec sums them: lookups per device's batch, and pooled outputs (an input that
+        # looks up less than once per sample gives that share of a vector) or one per lookup.
+        inputs = np.array([sum(f * 1.0 * batch for f in t.inputs) for t in self.tables])[table]
+        outputs = np.array([sum(min(1.0, f) * 1.0 * batch for f in t.inputs) if t.pooled else
+                            sum(f * 1.0 * batch for f in t.inputs) for t in self.tables])[table]
+        pooled = np.array([t.pooled for t in self.tables])[table]
+        element = np.array([t.dtype_bytes for t in self.tables])[table]
+        world, group = self.num_devices, self.topology.devices_per_node
+        divisor = np.select([kind == ROW_SPLIT_CODES[0], np.isin(kind, ROW_SPLIT_CODES[1:])], [world, group], 1)
+        reach = np.where(kind == SHARDING_TYPES.index("data_parallel"), 1, world)
+        return io_bytes(rows, width, inputs, outputs, pooled, element, reach, divisor)
+
     def table_storage(self) -> np.ndarray:
-        """Per whole table, its storage vector (HBM, host), shape (tables, 2)."""
+        """Per whole table (table-wise), its storage vector (HBM, host), shape (tables, 2)."""
         tables = self.tables
-        return storage([t.rows for t in tables], [t.dim for t in tables], [t.dtype_bytes for t in tables],
-                       self.workload.optimizer)
+        count = len(tables)
+        rows, dims = [t.rows for t in tables], [t.dim for t in tables]
+        io = self.io_bytes(np.arange(count), np.zeros(count, dtype=np.int64), rows, dims)
+        return storage(rows, dims, [t.dtype_bytes for t in tables], self.workload.optimizer, io=io)
 
     def total_storage(self) -> np.ndarray:
         """What all tables, whole, store in each tier (the need a plan's capacity is measured against)."""
@@ -534,7 +563,8 @@ _TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_globa
 
 def schema_version_of(instance: Instance) -> int:
     """The oldest schema version that says all of the instance, so that readers of that version read it."""
-    return 3 if any(t.pooling_factors is not None or t.weighted for t in instance.tables) else 2
+    return 3 if instance.workload.io_buffers or any(t.pooling_factors is not None or t.weighted
+                                                    for t in instance.tables) else 2
 
 
 def instance_to_dict(instance: Instance) -> dict:
@@ -544,7 +574,8 @@ def instance_to_dict(instance: Instance) -> dict:
         "id": instance.id,
         "provenance": instance.provenance,
         "topology": {k: getattr(topo, k) for k in (*_TOPOLOGY_FIELDS, *_TOPOLOGY_OPTIONAL)},
-        "workload": {"batch_size": work.batch_size, "optimizer": work.optimizer, "dtype": work.dtype},
+        "workload": {"batch_size": work.batch_size, "optimizer": work.optimizer, "dtype": work.dtype,
+                     **({"io_buffers": True} if work.io_buffers else {})},
         "sharding_types": list(instance.sharding_types),
         "compute_kernels": list(instance.compute_kernels),
         "tables": [_table_to_dict(t) for t in instance.tables],
@@ -561,7 +592,8 @@ def instance_from_dict(data: Any) -> Instance:
                                                              if k not in ("host_memory_bytes", "host_link_bw"))
     topo = _take(_expect_mapping(values["topology"], "topology"), "topology", _TOPOLOGY_FIELDS, optional)
     work_raw = values.get("workload", {})
-    work = _take(_expect_mapping(work_raw, "workload"), "workload", (), ("batch_size", "optimizer", "dtype"))
+    work = _take(_expect_mapping(work_raw, "workload"), "workload", (),
+                 ("batch_size", "optimizer", "dtype", *(("io_buffers",) if version >= 3 else ())))
     tables = values["tables"]
     _require(isinstance(tables, list), "tables", "must be a list")
     types = values.get("sharding_types", list(SHARDING_TYPES))

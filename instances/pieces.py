@@ -122,9 +122,11 @@ class Pieces:
         return np.where(self.is_kind(DATA_PARALLEL), share / instance.num_devices, share)
 
     def storage(self, instance: Instance) -> np.ndarray:
-        """What each piece stores in each tier (HBM, host), shape (pieces, 2): `instances.memory.storage`."""
+        """What each piece stores in each tier (HBM, host), shape (pieces, 2): `instances.memory.storage`, with
+        the input and output buffers where the instance counts them."""
         dtype = np.array([t.dtype_bytes for t in instance.tables], dtype=np.int64)[self.table]
-        return storage(self.rows, self.width, dtype, instance.workload.optimizer, self.kernel, self.load_factor)
+        io = instance.io_bytes(self.table, self.kind, self.rows, self.width)
+        return storage(self.rows, self.width, dtype, instance.workload.optimizer, self.kernel, self.load_factor, io)
 
     def as_tables(self, instance: Instance) -> list[Table]:
         """Each piece as the table it is to a device: its rows, its columns, its share of the lookups (as

@@ -106,10 +106,13 @@ class Plan:
     tables: tuple[TableSharding, ...]
 
     @classmethod
-    def table_wise(cls, instance: Instance, assignment: Sequence[int]) -> "Plan":
-        """Today's plan: table i whole on device assignment[i]."""
-        return cls(instance.id, tuple(TableSharding.whole(t.rows, t.dim, int(d))
-                                      for t, d in zip(instance.tables, assignment)))
+    def table_wise(cls, instance: Instance, assignment: Sequence[int],
+                   kernels: Sequence[tuple[str, float | None]] | None = None) -> "Plan":
+        """Table i whole on device assignment[i], served by kernels[i] (kernel, cache load factor; default:
+        in HBM)."""
+        kernels = kernels or [(None, None)] * instance.num_tables
+        return cls(instance.id, tuple(TableSharding(TABLE_WISE, (Shard(int(d), (0, t.rows), (0, t.dim)),), kernel, factor)
+                                      for t, d, (kernel, factor) in zip(instance.tables, assignment, kernels)))
 
     @property
     def is_table_wise(self) -> bool:
@@ -137,14 +140,17 @@ class Plan:
 
     def storage_per_device(self, instance: Instance) -> np.ndarray:
         """What each device stores in each tier (HBM, host), shape (devices, 2)."""
-        shards = [(table, shard) for table, sharding in zip(instance.tables, self.tables) for shard in sharding.shards]
+        shards = [(t, SHARDING_TYPES.index(sharding.sharding_type), shard)
+                  for t, sharding in enumerate(self.tables) for shard in sharding.shards]
         kernels = [(KERNEL_CODE[sharding.compute_kernel], sharding.cache_load_factor or 0.0)
                    for sharding in self.tables for _ in sharding.shards]
-        per_shard = storage([s.num_rows for _, s in shards], [s.width for _, s in shards],
-                            [t.dtype_bytes for t, _ in shards], instance.workload.optimizer,
-                            [k for k, _ in kernels], [f for _, f in kernels]).reshape(-1, 2)
+        rows, width = [s.num_rows for _, _, s in shards], [s.width for _, _, s in shards]
+        io = instance.io_bytes([t for t, _, _ in shards], [k for _, k, _ in shards], rows, width)
+        per_shard = storage(rows, width, [instance.tables[t].dtype_bytes for t, _, _ in shards],
+                            instance.workload.optimizer, [k for k, _ in kernels], [f for _, f in kernels],
+                            io).reshape(-1, 2)
         used = np.zeros((instance.num_devices, 2), dtype=np.int64)
-        np.add.at(used, np.array([s.device for _, s in shards], dtype=np.int64), per_shard)
+        np.add.at(used, np.array([s.device for _, _, s in shards], dtype=np.int64), per_shard)
         return used
 
     def validate(self, instance: Instance) -> "Plan":

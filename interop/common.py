@@ -16,7 +16,6 @@ from instances import Instance
 STORAGE_RESERVE = 0.15  # TorchRec's default share of HBM kept back; the instance's capacity is the rest
 MS = 1000.0             # TorchRec's bandwidths are per millisecond
 DATA_TYPES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
-TORCHREC_DEFAULT_LOAD_FACTOR = 0.2  # its planner's UVM_CACHING_RATIO: the cache when nothing sizes it
 IMPORTED_BINS = (1.0,) + (0.0,) * 16  # unknown reuse: every accessed index once (read by measured/neural only)
 
 

@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Mapping
 
 from instances import Instance, InstanceError, Plan, Shard, Table, TableSharding
-from instances.kernels import FUSED_UVM_CACHING, kernel_problem
+from instances.kernels import FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR, kernel_problem
 from instances.model import SHARDING_TYPES
 
 from .common import (
-    TORCHREC_DEFAULT_LOAD_FACTOR,
     ShardableModule,
     torchrec_constraints,
     torchrec_model,
@@ -114,7 +113,7 @@ def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding
     if kernel == FUSED_UVM_CACHING:
         # Without a load factor of its own, TorchRec sizes (and prices) the cache at its default ratio.
         given = sharding.cache_params.load_factor if sharding.cache_params is not None else None
-        load_factor = float(given) if given is not None else TORCHREC_DEFAULT_LOAD_FACTOR
+        load_factor = float(given) if given is not None else TORCHREC_LOAD_FACTOR
     problem = kernel_problem(kind, kernel, load_factor)
     if problem:
         raise InstanceError(f"plan: table {table.name}", problem)

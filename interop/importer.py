@@ -83,7 +83,9 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
                     device_kind="gpu" if topology.compute_device == "cuda" else topology.compute_device,
                     host_memory_bytes=host_memory_bytes(topology) if host_memory is None else host_memory,
                     host_link_bw=topology.hbm_to_ddr_mem_bw * MS)
-    return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32"),
+    # A model TorchRec runs holds its shards' input and output buffers in HBM too: counted as its storage
+    # estimator counts them.
+    return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32", io_buffers=True),
                     provenance="imported from TorchRec").validate()
 
 

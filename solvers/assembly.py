@@ -13,8 +13,6 @@ from instances.memory import HBM, shortfall
 
 from .candidates import Candidates
 
-RELATIVE_STEP = 1e-12  # an improvement must beat the current cost by more than float noise
-
 
 @dataclass(frozen=True)
 class Trial:
@@ -157,72 +155,6 @@ class Assembly:
         costs = self.state.costs()
         self.state.remove_many(members, devices)
         return Trial(option, devices, costs)
-
-
-# Of the memory left once every table takes its leanest option, the shares that replicas, larger caches and
-# other memory-hungry options may use; the rest is slack for packing. Which share packs best depends on how
-# large pieces are against a device: half suits splits under tight memory, while tables kept in host memory
-# want nearly all of HBM for their caches (at half alone, the best 30 s plans of the tiers suites under
-# TorchRec's estimator came out a median 1.1-1.9x worse). The greedy tries each, the first one first.
-MEMORY_SHARES = (0.5, 0.7, 0.85, 0.95, 1.0)
-
-
-def choose_options(candidates: Candidates, level: float, weight: np.ndarray,
-                   memory_share: float = MEMORY_SHARES[0]) -> np.ndarray:
-    """Per table, the lightest option (by `weight`, then memory) whose largest piece stays at or below
-    `level`, failing that the option with the smallest largest piece; then, while the choices need more
-    extra memory (over every table's leanest such option) than `memory_share` of the memory left, the
-    table whose next leaner option costs the least work per byte it saves moves to it. The options a
-    table moves through are the lower convex hull of its (memory, work) points, so this is the
-    Lagrangian choice of a knapsack over every table's options at once: a cached table can give up part
-    of its cache instead of all of it."""
-    biggest = candidates.biggest if candidates.priced.additive else piece_peaks(candidates)
-    memory = candidates.device_shares(candidates.total_storage)
-    # Options whose work differs by float noise alone (row shards summing to the whole table) are equally
-    # light: the one enumerated first (whole tables first) wins.
-    weight = np.array([float(f"{w:.10g}") for w in weight])
-    chosen = np.empty(len(candidates.by_table), dtype=np.int64)
-    pools = []
-    for table, ids in enumerate(candidates.by_table):
-        small = [int(o) for o in ids if biggest[o] <= level * (1 + RELATIVE_STEP)]
-        pool = small or [min((int(o) for o in ids), key=lambda o: (biggest[o], weight[o]))]
-        chosen[table] = min(pool, key=lambda o: (weight[o], memory[o]))
-        pools.append(pool)
-    leanest = np.array([min(pool, key=lambda o: (memory[o], weight[o])) for pool in pools], dtype=np.int64)
-    budget = memory_share * (candidates.num_devices - float(memory[leanest].sum()))
-    used = float((memory[chosen] - memory[leanest]).sum())
-    if used <= budget:
-        return chosen
-    steps = [(slope, table, after, saved) for table, pool in enumerate(pools)
-             for slope, after, saved in _leaner_steps(int(chosen[table]), pool, weight, memory)]
-    for _, table, after, saved in sorted(steps, key=lambda s: (s[0], s[1])):
-        if used <= budget:
-            break
-        chosen[table] = after
-        used -= saved
-    return chosen
-
-
-def _leaner_steps(start: int, pool: list[int], weight: np.ndarray, memory: np.ndarray) -> list[tuple[float, int, float]]:
-    """From `start` to the table's leanest option along the lower convex hull of (memory, work): each step
-    as (work added per memory saved, the option it reaches, memory saved), the slopes increasing."""
-    steps, here = [], start
-    while True:
-        leaner = [o for o in pool if memory[o] < memory[here]]
-        if not leaner:
-            return steps
-        slopes = [(weight[o] - weight[here]) / (memory[here] - memory[o]) for o in leaner]
-        best = min(slopes)
-        # Of the options on the same line, the leanest: a step never stops halfway along a straight edge.
-        here_next = min((o for o, s in zip(leaner, slopes) if s <= best + 1e-12 * abs(best)),
-                        key=lambda o: (memory[o], weight[o]))
-        steps.append((best, here_next, float(memory[here] - memory[here_next])))
-        here = here_next
-
-
-def piece_peaks(candidates: Candidates) -> np.ndarray:
-    """Per option, its largest piece's cost alone on a device (for oracles without per-piece costs)."""
-    return np.maximum.reduceat(candidates.single_costs, candidates.options.first)
 
 
 def construct(candidates: Candidates, order: np.ndarray, chosen: np.ndarray, weight: np.ndarray) -> Assembly | Stuck:

@@ -13,7 +13,7 @@ import numpy as np
 
 from costmodels import Oracle
 from instances import Instance, Plan, PlanError
-from instances.memory import HBM, HOST, over_capacity, shortfall, tier_label
+from instances.memory import HBM, HOST, format_bytes, over_capacity, shortfall, tier_label
 from instances.model import MAX_MEMORY_BYTES
 from instances.sharding import check_capacity
 
@@ -148,9 +148,10 @@ class SolveResult:
         return self.plan is not None
 
 
-def planned(instance: Instance, assignment, status: Status = Status.FEASIBLE, **fields) -> SolveResult:
-    """A result holding the table-wise plan `assignment` (a device per table)."""
-    return SolveResult(status, plan=Plan.table_wise(instance, assignment), **fields)
+def planned(instance: Instance, assignment, status: Status = Status.FEASIBLE, kernels=None, **fields) -> SolveResult:
+    """A result holding the table-wise plan `assignment` (a device per table), served by `kernels` (each
+    table's kernel and cache load factor, as Problem.table_kernels gives them; default: in HBM)."""
+    return SolveResult(status, plan=Plan.table_wise(instance, assignment, kernels), **fields)
 
 
 SolveFn = Callable[[Problem, Budget, int], SolveResult]
@@ -260,7 +261,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     if proof:
         return infeasible(proof)
     if not info.splits:
-        obstacle = whole_table_obstacle(instance)
+        obstacle = whole_table_obstacle(problem)
         if obstacle:
             return obstacle
     result = info.solve(problem if info.splits else problem.whole_tables, budget, seed)
@@ -272,7 +273,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         claimed = None
     combinatorial = best_option_bound(problem.candidates) if oracle.additive else None
     if result.plan is None:
-        return _verified_failure(name, info, instance, budget, elapsed, result, claimed, stats)
+        return _verified_failure(name, info, problem, budget, elapsed, result, claimed, stats)
     result.plan.validate(instance)
     if oracle.own_memory:
         check_capacity(oracle.storage_per_device(instance, result.plan), instance, f" under {oracle.name}'s storage model")
@@ -298,7 +299,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
                        reason=reason, stats=stats)
 
 
-def _verified_failure(name: str, info: "SolverInfo", instance: Instance, budget: Budget, elapsed: float,
+def _verified_failure(name: str, info: "SolverInfo", problem: Problem, budget: Budget, elapsed: float,
                       result: SolveResult, bound: float | None, stats: dict) -> SolveResult:
     if result.status == Status.INFEASIBLE:
         if info.exact:  # an exact model's own infeasibility verdict is its proof
@@ -307,13 +308,15 @@ def _verified_failure(name: str, info: "SolverInfo", instance: Instance, budget:
                            stats=stats, no_plan=NoPlan(Cause.UNPROVEN), lower_bound=bound)
     if result.status != Status.NO_PLAN or result.no_plan is None or not result.reason:
         raise ClaimError(f"solver {name!r} returned no plan with status {result.status.value} and no evidence")
-    check_no_plan(instance, budget, elapsed, result.no_plan, peer=info.peer)
+    check_no_plan(problem.instance, budget, elapsed, result.no_plan, peer=info.peer, problem=problem)
     return SolveResult(Status.NO_PLAN, reason=result.reason, stats=stats, no_plan=result.no_plan, lower_bound=bound)
 
 
-def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: NoPlan, peer: bool = False) -> None:
-    """Raises ClaimError unless the evidence for a missing plan holds. Only a peer may blame its own model:
-    we cannot check another tool's storage model, and none of our solvers has one of its own."""
+def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: NoPlan, peer: bool = False,
+                  problem: Problem | None = None) -> None:
+    """Raises ClaimError unless the evidence for a missing plan holds (`problem`: the instance's, priced by
+    the solver's oracle; built under the lookup oracle where not given). Only a peer may blame its own
+    model: we cannot check another tool's storage model, and none of our solvers has one of its own."""
     cause = evidence.cause
     if cause == Cause.DEAD_END:  # the table's (or one of its pieces') need is more than any device had left
         ok = (evidence.table is not None and 0 <= evidence.table < instance.num_tables and evidence.need is not None
@@ -326,7 +329,11 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
     elif cause == Cause.TIME_LIMIT:
         ok = elapsed >= TIME_LIMIT_SLACK * budget.time_limit
     elif cause == Cause.UNSUPPORTED:
-        ok = whole_table_obstacle(instance) is not None
+        if problem is None:
+            from costmodels import get_oracle
+
+            problem = Problem(instance, get_oracle("lookup"))
+        ok = whole_table_obstacle(problem) is not None
     elif cause == Cause.PEER_MODEL:
         ok = peer
     else:
@@ -371,22 +378,30 @@ def _host_hint(instance: Instance, tier: int) -> str:
             "(fused_uvm, fused_uvm_caching)")
 
 
-def whole_table_obstacle(instance: Instance) -> SolveResult | None:
-    """Why a solver that places whole tables cannot plan this instance, when it cannot (a table that
-    forbids table-wise or outgrows a device whole, or more whole-table memory than the devices have):
-    a no-plan, not an infeasibility, since splitting tables may still fit."""
+def whole_table_obstacle(problem: Problem) -> SolveResult | None:
+    """Why a solver that places whole tables cannot plan the problem's instance, when it cannot: a table
+    that forbids table-wise, or none of whose whole-table options (each kernel it may take, in HBM or host
+    memory) fits a device, or more bytes of a tier in all — each table in its leanest whole option — than
+    the devices have. A no-plan, not an infeasibility: splitting tables may still fit."""
+    whole = problem.whole_tables
+    candidates, instance = whole.candidates, problem.instance
     capacity = instance.topology.capacity.as_array()
-    stored = instance.table_storage()
-    for t, table in enumerate(instance.tables):
-        too_big = over_capacity(stored[t:t + 1], capacity)
-        if "table_wise" not in instance.allowed_types(table) or too_big:
-            tier = too_big[0][1] if too_big else HBM
-            why = ("does not allow table_wise" if "table_wise" not in instance.allowed_types(table)
-                   else f"needs {int(stored[t, tier])} B of {tier_label(tier)} whole, more than a device's "
-                        f"{int(capacity[tier])} B")
-            return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
-                               no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
-    if over_capacity(stored.sum(axis=0, keepdims=True), capacity * instance.num_devices):
+    for t, (table, ids) in enumerate(zip(instance.tables, candidates.by_table)):
+        if ids.size:
+            continue
+        if "table_wise" not in instance.allowed_types(table):
+            why = "does not allow table_wise"
+        else:
+            options = [o for o, option in enumerate(candidates.options.options) if option.table == t]
+            need = candidates.total_storage[options]
+            tier = int(np.argmax((need > capacity).all(axis=0)) if (need > capacity).all(axis=0).any() else
+                       np.argmax(need.min(axis=0) - capacity))
+            why = (f"needs {format_bytes(int(need[:, tier].min()))} of {tier_label(tier)} whole in its leanest kernel, "
+                   f"more than a device's {format_bytes(int(capacity[tier]))}")
+        return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
+                           no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
+    leanest = np.array([candidates.total_storage[ids].min(axis=0) for ids in candidates.by_table])
+    if over_capacity(leanest.sum(axis=0, keepdims=True), capacity * instance.num_devices):
         return SolveResult(Status.NO_PLAN, reason="this solver places whole tables only, and whole tables need more "
                            "memory than the devices have", no_plan=NoPlan(Cause.UNSUPPORTED))
     return None

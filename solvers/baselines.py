@@ -17,7 +17,8 @@ from .base import (
 from .candidates import Problem
 
 
-def random_assignment(instance: Instance, rng: np.random.Generator, need: np.ndarray | None = None) -> SolveResult:
+def random_assignment(instance: Instance, rng: np.random.Generator, need: np.ndarray | None = None,
+                      kernels=None) -> SolveResult:
     """Tables in random order, each on a device drawn uniformly among those with room."""
     tracker = MemoryTracker(instance, need)
     assignment = np.full(instance.num_tables, -1, dtype=np.int64)
@@ -28,12 +29,13 @@ def random_assignment(instance: Instance, rng: np.random.Generator, need: np.nda
         device = int(rng.choice(feasible))
         tracker.place(int(table), device)
         assignment[table] = device
-    return planned(instance, assignment)
+    return planned(instance, assignment, kernels=kernels)
 
 
 @register("random", "uniformly random device per table among those with room", stochastic=True)
 def random_placement(problem: Problem, budget: Budget, seed: int) -> SolveResult:
-    return random_assignment(problem.instance, np.random.default_rng(seed), problem.table_wise.storage)
+    return random_assignment(problem.instance, np.random.default_rng(seed), problem.table_wise.storage,
+                             problem.table_kernels)
 
 
 @register("round-robin", "table i to the next device in cyclic order that has room")
@@ -51,4 +53,4 @@ def round_robin(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         tracker.place(table, device)
         assignment.append(device)
         cursor = device + 1
-    return planned(instance, assignment)
+    return planned(instance, assignment, kernels=problem.table_kernels)

@@ -21,6 +21,8 @@ import numpy as np
 
 from costmodels import Oracle, Priced
 from instances import Instance, Plan
+from instances.kernels import FUSED_UVM_CACHING, KERNELS
+from instances.pieces import Pieces
 from instances.options import (
     FREE,
     NODE,
@@ -30,6 +32,8 @@ from instances.options import (
     plan_from_choice,
 )
 from instances.sharding import COLUMN_WISE, TABLE_WISE
+
+from .choice import MEMORY_SHARES, choose_options, option_weight
 
 
 DOMINANCE_SLACK = 1e-9  # relative: sums of the same costs in another order differ by far less
@@ -76,8 +80,30 @@ class Problem:
 
     @cached_property
     def table_wise(self) -> Priced:
+        """The oracle bound to one piece per whole table: in HBM, or — where tables may live in host memory —
+        each in the kernel and cache the knapsack over memory gives whole tables (solvers.choice at all of
+        the spare memory), so that the solvers of whole tables honour host memory. A table without a
+        whole-table option that fits keeps its HBM piece (the obstacle the caller reports)."""
         self._price("the whole tables")
-        return self.oracle.table_wise(self.instance)
+        if not self.instance.uses_host_memory:
+            return self.oracle.table_wise(self.instance)
+        candidates = self.candidates
+        if not all(ids.size for ids in candidates.by_table):
+            return self.oracle.table_wise(self.instance)
+        chosen = choose_options(candidates, np.inf, option_weight(candidates), MEMORY_SHARES[-1])
+        whole = Pieces.table_wise(self.instance)
+        members = np.array([int(candidates.members(int(o))[0]) for o in chosen])
+        pieces = candidates.options.pieces
+        return self.oracle.bind(self.instance, Pieces.of(whole.table, whole.kind, whole.row_start, whole.row_end,
+                                                         whole.col_start, whole.col_end, pieces.kernel[members],
+                                                         pieces.load_factor[members]))
+
+    @property
+    def table_kernels(self) -> tuple[tuple[str, float | None], ...]:
+        """Each whole table's kernel and cache load factor in `table_wise` (what a whole-table plan says)."""
+        pieces = self.table_wise.pieces
+        return tuple((KERNELS[int(k)], float(f) if KERNELS[int(k)] == FUSED_UVM_CACHING else None)
+                     for k, f in zip(pieces.kernel, pieces.load_factor))
 
     @property
     def chooses_options(self) -> bool:
@@ -101,6 +127,7 @@ class Candidates:
     options: OptionPieces
     priced: Priced
     live: np.ndarray                    # per option
+    oracle_counts_memory: bool = False  # the oracle's storage is its own (Oracle.own_memory), not the instance's
     pruned: dict[str, int] = field(default_factory=dict)
     memo: dict = field(default_factory=dict)  # what pure functions of the candidates (the bounds) computed once
 
@@ -108,7 +135,7 @@ class Candidates:
     def build(cls, instance: Instance, oracle: Oracle) -> "Candidates":
         options = OptionPieces.build(instance, enumerate_options(instance))
         priced = oracle.bind(instance, options.pieces)
-        candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool))
+        candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool), oracle.own_memory)
         candidates._drop_unfit()
         if priced.additive:
             candidates._prune_dominated()
@@ -141,8 +168,13 @@ class Candidates:
 
     @cached_property
     def storage(self) -> np.ndarray:
-        """Per piece, its bytes in each tier (pieces × 2)."""
-        return self.priced.storage
+        """Per piece, its bytes in each tier (pieces × 2): the instance's rule, and where the oracle counts
+        memory its own way, the larger of the two, tier by tier — the one rule solvers place by, so that
+        every plan they build fits both the instance (validation) and the oracle's own count."""
+        own = self.priced.storage
+        if not self.oracle_counts_memory:
+            return own
+        return np.maximum(own, self.options.pieces.storage(self.instance))
 
     @cached_property
     def single_costs(self) -> np.ndarray:

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from instances.kernels import TORCHREC_LOAD_FACTOR
+
 from .base import Budget, SolveResult, register
 from .candidates import Problem
 from .search import local_search
 
-GLOBAL_LOAD_FACTOR = 0.2  # TorchRec's UVM_CACHING_RATIO: its cache size when nothing sizes it
+GLOBAL_LOAD_FACTOR = TORCHREC_LOAD_FACTOR
 
 
 def at_global_load_factor(problem: Problem, load_factor: float = GLOBAL_LOAD_FACTOR) -> Problem:

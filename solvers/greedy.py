@@ -22,7 +22,8 @@ from .base import (
 from .candidates import Problem
 
 
-def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState, need: np.ndarray) -> SolveResult:
+def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState, need: np.ndarray,
+                  kernels=None) -> SolveResult:
     tracker = MemoryTracker(instance, need)
     assignment = np.full(instance.num_tables, -1, dtype=np.int64)
     for table in order:
@@ -34,14 +35,14 @@ def greedy_assign(instance: Instance, order: np.ndarray, state: DeviceState, nee
         state.add(int(table), device)
         tracker.place(int(table), device)
         assignment[table] = device
-    return planned(instance, assignment)
+    return planned(instance, assignment, kernels=kernels)
 
 
 def greedy_by_costs(problem: Problem, costs: np.ndarray) -> SolveResult:
     """Balance a fixed per-table cost vector (longest-processing-time-first with memory)."""
     instance = problem.instance
     return greedy_assign(instance, order_by_cost(costs), AdditiveDeviceState(costs, instance.num_devices),
-                         problem.table_wise.storage)
+                         problem.table_wise.storage, problem.table_kernels)
 
 
 def _heuristic_greedy(kind: str):
@@ -63,7 +64,8 @@ def lpt(problem: Problem, budget: Budget, seed: int) -> SolveResult:
           "(AutoShard's greedy with the cost model); works on non-additive oracles")
 def oracle_greedy(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
-    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state(), priced.storage)
+    return greedy_assign(problem.instance, order_by_cost(priced.single_costs()), priced.new_state(), priced.storage,
+                         problem.table_kernels)
 
 
 def best_greedy(problem: Problem) -> SolveResult:

@@ -10,7 +10,8 @@ import time
 
 import numpy as np
 
-from .assembly import MEMORY_SHARES, RELATIVE_STEP, Assembly, Trial, choose_options
+from .assembly import Assembly, Trial
+from .choice import MEMORY_SHARES, RELATIVE_STEP, choose_options
 from .candidates import Candidates
 
 PACKING_STEPS = 14  # bisection steps on the target (the last ones move it by ~1e-4 of the first interval)
@@ -20,12 +21,12 @@ FITS = ("cost", "cost+memory")
 
 
 def pack(candidates: Candidates, target: float, weight: np.ndarray, fit: str = "cost",
-         memory_share: float = MEMORY_SHARES[0]) -> Assembly | None:
+         memory_share: float = MEMORY_SHARES[0], allowed: np.ndarray | None = None) -> Assembly | None:
     """A plan whose every device costs at most `target`, or None where best-fit packing finds none: pinned
     options first, then node options, then free pieces largest first; a table whose option finds no room
     tries its other options that stay below the target, lightest first."""
     c = candidates
-    chosen = choose_options(c, target, weight, memory_share)
+    chosen = choose_options(c, target, weight, memory_share, allowed)
     assembly = Assembly(c)
     rank = {"pinned": 0, "node": 1, "free": 2}
     order = sorted(range(chosen.size), key=lambda t: (rank[c.placement(int(chosen[t]))], -c.biggest[chosen[t]], t))
@@ -79,14 +80,15 @@ def _best_fit(assembly: Assembly, option: int, limit: float, capacity: np.ndarra
 
 
 def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np.ndarray,
-           deadline: float | None = None, memory_share: float = MEMORY_SHARES[0]) -> Assembly | None:
+           deadline: float | None = None, memory_share: float = MEMORY_SHARES[0],
+           allowed: np.ndarray | None = None) -> Assembly | None:
     """The best plan of bisecting the target between `low` (a lower bound) and `best`'s objective (or the
-    plan at an unbounded target), each target tried with every fit; None where none packs. Stops at
-    `deadline` with the best plan so far."""
+    plan at an unbounded target), each target tried with every fit, the options chosen among `allowed`;
+    None where none packs. Stops at `deadline` with the best plan so far."""
     high = best.objective() if best is not None else np.inf
     found = best
     if not np.isfinite(high):
-        found = next((a for a in (pack(candidates, np.inf, weight, fit, memory_share) for fit in FITS)
+        found = next((a for a in (pack(candidates, np.inf, weight, fit, memory_share, allowed) for fit in FITS)
                       if a is not None), None)
         if found is None:
             return None
@@ -95,7 +97,7 @@ def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np
         if high <= low * (1 + 1e-6) or (deadline is not None and time.monotonic() >= deadline):
             break
         target = (low + high) / 2
-        trial = next((a for a in (pack(candidates, target, weight, fit, memory_share) for fit in FITS)
+        trial = next((a for a in (pack(candidates, target, weight, fit, memory_share, allowed) for fit in FITS)
                       if a is not None), None)
         if trial is None:
             low = target

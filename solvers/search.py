@@ -6,20 +6,15 @@ of N random feasible plans)."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from instances.kernels import DENSE, FUSED, FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR
+
 from instances.memory import tier_label
 
-from .assembly import (
-    MEMORY_SHARES,
-    RELATIVE_STEP,
-    Assembly,
-    Stuck,
-    choose_options,
-    construct,
-    piece_peaks,
-)
+from .assembly import Assembly, Stuck, construct
 from .base import (
     Budget,
     Cause,
@@ -32,6 +27,7 @@ from .base import (
 from .baselines import random_assignment
 from .bounds import best_option_bound
 from .candidates import Candidates, Problem
+from .choice import MEMORY_SHARES, RELATIVE_STEP, choose_options, option_weight, piece_peaks
 from .packing import packed
 
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
@@ -209,13 +205,6 @@ def _orders(candidates: Candidates, chosen: np.ndarray, weight: np.ndarray) -> l
     return [order_by_cost(key) for key in (cost, memory, share)]
 
 
-def option_weight(candidates: Candidates) -> np.ndarray:
-    """What an option adds in all: its work (additive oracles), else its pieces' costs alone."""
-    if candidates.priced.additive:
-        return candidates.work
-    return np.add.reduceat(candidates.single_costs, candidates.options.first)
-
-
 LEVEL_STEPS = 8  # bisection steps on the level below which pieces must stay
 
 
@@ -238,8 +227,8 @@ def split_greedy(candidates: Candidates, changes: bool = True, deadline: float |
             return Stuck(piece, int(candidates.storage[piece, tier]), int(capacity[tier]), tier)
     weight = option_weight(candidates)
     best, stuck = None, None
-    for share, unsplit in _distinct_shares(candidates, changes, weight):
-        found = _at_share(candidates, changes, deadline, weight, share, unsplit)
+    for choice in _choices(candidates, changes, weight):
+        found = _at_share(candidates, changes, deadline, weight, choice)
         if isinstance(found, Stuck):
             stuck = stuck or found
         elif best is None or found.objective() < best.objective():
@@ -253,24 +242,50 @@ def split_greedy(candidates: Candidates, changes: bool = True, deadline: float |
     return best
 
 
-def _distinct_shares(candidates: Candidates, changes: bool, weight: np.ndarray) -> list[tuple[float, np.ndarray]]:
-    """The memory shares worth trying, each with its unsplit choice (options at an unbounded level): the
-    first, and those after it whose choice differs from every earlier share's (where memory is plentiful,
-    all choose alike and the first is enough)."""
-    shares = []
-    for share in MEMORY_SHARES if changes else MEMORY_SHARES[:1]:
-        chosen = choose_options(candidates, np.inf, weight, share)
-        if not any(np.array_equal(chosen, other) for _, other in shares):
-            shares.append((share, chosen))
-    return shares
+@dataclass(frozen=True)
+class Choice:
+    """How split_greedy chooses options for one of its plans: within `share` of the spare memory, among the
+    `allowed` options (None: all), `unsplit` the choice at an unbounded level; `floor` marks a plan built
+    once, as a floor under the search, not refined."""
+
+    share: float
+    allowed: np.ndarray | None
+    unsplit: np.ndarray
+    floor: bool = False
+
+
+def _choices(candidates: Candidates, changes: bool, weight: np.ndarray) -> list[Choice]:
+    """The choices worth building, each different from every earlier one. Where tables may live in host
+    memory, two floors come first: every table in HBM where it fits (the best HBM-only plan, refined like
+    the rest: where HBM suffices it is the answer) and TorchRec's default options (its kernels, caches at
+    its default load factor), so that the first plans are at least as good as those; then the memory
+    shares over every option (all of them where there are kernels to choose, the first alone for a solver
+    that keeps its first choices)."""
+    rules = []
+    if candidates.instance.uses_host_memory:
+        options = candidates.options.options
+        in_hbm = np.array([o.kernel in (FUSED, DENSE) for o in options])
+        rules.append((MEMORY_SHARES[0], in_hbm, False))
+        default = np.array([o.kernel != FUSED_UVM_CACHING or o.load_factor == TORCHREC_LOAD_FACTOR
+                            or candidates.instance.tables[o.table].cache_load_factor is not None for o in options])
+        rules.append((MEMORY_SHARES[-1], default, True))
+    shares = MEMORY_SHARES if changes or candidates.instance.uses_host_memory else MEMORY_SHARES[:1]
+    rules += [(share, None, False) for share in shares]
+    choices: list[Choice] = []
+    for share, allowed, floor in rules:
+        chosen = choose_options(candidates, np.inf, weight, share, allowed)
+        if not any(np.array_equal(chosen, other.unsplit) for other in choices):
+            choices.append(Choice(share, allowed, chosen, floor))
+    return choices
 
 
 def _at_share(candidates: Candidates, changes: bool, deadline: float | None, weight: np.ndarray,
-              share: float, unsplit: np.ndarray) -> Assembly | Stuck:
-    """split_greedy's plan with the options chosen within `share` of the spare memory (`unsplit`: that
-    choice at an unbounded level, computed already)."""
+              choice: Choice) -> Assembly | Stuck:
+    """split_greedy's plan for one choice: built at an unbounded level, then (unless a floor) refined by
+    bisecting the level and by packing."""
     def build(level: float, orders: str = "all") -> tuple[Assembly | None, Stuck | None]:
-        chosen = unsplit if level == np.inf else choose_options(candidates, level, weight, share)
+        chosen = choice.unsplit if level == np.inf else choose_options(candidates, level, weight, choice.share,
+                                                                       choice.allowed)
         built = [construct(candidates, order, chosen, weight) for order in _orders(candidates, chosen, weight)
                  [: 1 if orders == "cost" else 3]]
         assemblies = [b for b in built if isinstance(b, Assembly)]
@@ -279,7 +294,7 @@ def _at_share(candidates: Candidates, changes: bool, deadline: float | None, wei
         return min(assemblies, key=lambda a: a.objective()), None
 
     best, stuck = build(np.inf)
-    if changes and best is not None:
+    if changes and best is not None and not choice.floor:
         low, high = target_bound(candidates), best.objective()
         for _ in range(LEVEL_STEPS):
             if high <= low * (1 + 1e-6) or _past(deadline):
@@ -293,7 +308,7 @@ def _at_share(candidates: Candidates, changes: bool, deadline: float | None, wei
             else:
                 low = level
         if candidates.priced.additive:
-            best = packed(candidates, target_bound(candidates), best, weight, deadline, share)
+            best = packed(candidates, target_bound(candidates), best, weight, deadline, choice.share, choice.allowed)
     return best if best is not None else stuck
 
 
@@ -368,7 +383,7 @@ def random_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     priced = problem.table_wise
     while samples < limit and (samples == 0 or time.monotonic() < deadline):
         samples += 1
-        result = random_assignment(instance, rng, priced.storage)
+        result = random_assignment(instance, rng, priced.storage, problem.table_kernels)
         if result.plan is None:
             dead_ends += 1
             continue

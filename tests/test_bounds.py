@@ -19,7 +19,7 @@ from instances.io import load_instance
 from solvers import Candidates, lp_bound, option_bounds
 from solvers.bounds import packing_bound
 from solvers.packing import FITS, pack, packed
-from solvers.search import option_weight
+from solvers.choice import option_weight
 
 
 @examples(25)

@@ -20,10 +20,10 @@ from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
 from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
-from solvers.assembly import MEMORY_SHARES, choose_options
+from solvers.choice import MEMORY_SHARES, choose_options
 from solvers.base import OPTIMALITY_TOLERANCE
 from solvers.candidates import Problem
-from solvers.search import option_weight
+from solvers.choice import option_weight
 
 GIB = 2**30
 
@@ -265,3 +265,27 @@ def test_a_table_name_with_a_dot_is_refused_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "tables[0].name" in err[0] and "'.'" in err[0], err
     assert not (tmp_path / "i.json").exists()
+
+
+WHOLE_TABLE_HEURISTICS = ("best-greedy", "lpt", "size-greedy", "lookup-greedy", "oracle-greedy", "round-robin")
+
+
+@examples(20)
+@given(tiny_tiered_instances(max_tables=3))
+def test_solvers_of_whole_tables_honour_host_memory(instance):
+    # Whole tables with host memory choose a kernel each: where a whole-table plan exists (brute force over
+    # every kernel, load factor and device), the safety net finds one, none says whole tables cannot fit,
+    # and every plan any of them returns is valid on both tiers.
+    whole = instance.restricted_to(("table_wise",))
+    oracle = get_oracle("analytic")
+    optimum = brute_force_over_options(whole, oracle)
+    results = {name: run_solver(name, instance, oracle, QUICK, 0) for name in WHOLE_TABLE_HEURISTICS}
+    for name, result in results.items():
+        if result.has_plan:
+            result.plan.validate(instance)
+            assert optimum is not None and result.objective >= optimum * (1 - 1e-9), name
+        elif optimum is not None:
+            assert "whole tables" not in result.reason or "need more memory" not in result.reason, (name, result.reason)
+            assert "whole in its leanest kernel" not in result.reason, (name, result.reason)
+    if optimum is not None:
+        assert results["best-greedy"].has_plan, results["best-greedy"].reason
