@@ -9,7 +9,8 @@ links inside a node, inter-node links between nodes):
 - row-wise: each row shard computes partial pooled outputs for every sample of the global batch and
   reduce-scatters them over all devices (gradients: all-gather);
 - table-row-wise: the partial outputs are reduce-scattered inside the node first, then each device sends
-  its share of the samples to their devices;
+  its share of the samples to their devices; a grid's column blocks each do so on their own node;
+- table-column-wise: as column-wise (its blocks on one node change none of the traffic);
 - data-parallel: a replica computes only its own device's samples and all-reduces the table's gradient
   (within the node, then across nodes).
 A table may serve several inputs (features): each pooled input gives every sample its own output vector (an
@@ -83,8 +84,9 @@ class AnalyticOracle(AdditiveOracle):
         weighted = np.array([t.weighted for t in tables])[pieces.table]
         width = pieces.width.astype(float)
         share = pieces.lookup_share(instance)
-        kind = {name: pieces.is_kind(name) for name in ("row_wise", "table_row_wise", "data_parallel")}
-        split_rows = kind["row_wise"] | kind["table_row_wise"]
+        kind = {name: pieces.is_kind(name) for name in ("row_wise", "table_row_wise", "data_parallel", "grid_shard")}
+        node_rows = kind["table_row_wise"] | kind["grid_shard"]
+        split_rows = kind["row_wise"] | node_rows
         replica = kind["data_parallel"]
 
         lookups = global_batch * pooling * share  # rows read by this piece in a step
@@ -118,7 +120,7 @@ class AnalyticOracle(AdditiveOracle):
         # devices), then each device forwards its 1/W of the samples.
         node_reduce = np.where(pooled, global_batch * outputs * width * out_bytes * (per_node - 1) / per_node, 0.0)
         twrw = node_reduce / topo.intra_node_a2a_bw + all_to_all(np.where(pooled, per_peer / per_node, per_peer))
-        comm = np.where(kind["table_row_wise"], twrw, comm)
+        comm = np.where(node_rows, twrw, comm)
         # Data-parallel: no all-to-all; the gradient of the whole table is all-reduced (ring inside the
         # node, then across nodes on the node's 1/W slice).
         gradient = (pieces.rows * width * elem).astype(float)

@@ -20,11 +20,19 @@ ROW_DISTRIBUTION_KINDS = ("power_law", "empirical")
 BUCKET_MAPPINGS = ("interleave", "chunk")
 OPTIMIZERS = ("sgd", "rowwise_adagrad", "adagrad", "adam")
 # TorchRec's meanings: a whole table on one device; column blocks, each on any device; rows split over all
-# devices; rows split over the devices of one node; a full replica on every device.
-SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel")
+# devices; rows split over the devices of one node; a full replica on every device; column blocks, each on a
+# device of one node; column blocks, each split by rows over the devices of a node of its own (a grid).
+SHARDING_TYPES = ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "table_column_wise",
+                  "grid_shard")
+# What an instance allows unless it says otherwise: every type TorchRec's enumerator offers by default (it
+# offers grid_shard only where constraints name it). Files of schema 1 and 2 knew the first five.
+DEFAULT_SHARDING_TYPES = SHARDING_TYPES[:6]
+LEGACY_SHARDING_TYPES = SHARDING_TYPES[:5]
 COLUMN_ALIGNMENT = 4  # column shard widths are multiples of this (TorchRec's rule for column-wise blocks)
 # The types whose shards split a table's rows: over every device (row-wise), then over a node's (the rest).
-ROW_SPLIT_CODES = (SHARDING_TYPES.index("row_wise"), SHARDING_TYPES.index("table_row_wise"))
+ROW_SPLIT_CODES = (SHARDING_TYPES.index("row_wise"), SHARDING_TYPES.index("table_row_wise"),
+                   SHARDING_TYPES.index("grid_shard"))
+MIN_COLUMN_BLOCK = 128  # TorchRec's MIN_CW_DIM: its column cut's smallest block where nothing sets one
 # Ranges far beyond any real model, chosen so that every byte count and cost stays exact in int64 / finite
 # in float64 (a table's memory is at most 2^40 rows × 2^15 dims × 12 B < 2^59; an instance's total is
 # checked against MAX_TOTAL_BYTES).
@@ -294,14 +302,24 @@ def is_column_cut(dim: int, parts: int) -> bool:
     return parts >= 2 and dim % parts == 0 and (dim // parts) % COLUMN_ALIGNMENT == 0
 
 
+def torchrec_column_count(dim: int) -> int:
+    """How many blocks TorchRec's enumerator cuts `dim` columns into where nothing sets the block: blocks of
+    the smallest width of at least MIN_COLUMN_BLOCK that divides dim and is a multiple of 4 (dim itself, one
+    block, where none does)."""
+    block = next((w for w in range(MIN_COLUMN_BLOCK, dim) if dim % w == 0 and w % COLUMN_ALIGNMENT == 0), dim)
+    return dim // block
+
+
 def column_counts(dim: int, num_devices: int) -> tuple[int, ...]:
     """The column-wise shard counts we enumerate: c = 2, 4, 8, ... while c is a cut of dim and fits the
-    devices (TorchRec's own planner may choose other cuts, e.g. 3 blocks of 128)."""
+    devices, and TorchRec's own cut (blocks of 128 and up: 3 blocks of a 384-wide table, 16 of a 2048-wide
+    one, however many devices there are) where it cuts at all."""
     counts, c = [], 2
     while c <= num_devices and is_column_cut(dim, c):
         counts.append(c)
         c *= 2
-    return tuple(counts)
+    theirs = torchrec_column_count(dim)
+    return tuple(sorted({*counts, theirs} if theirs > 1 else counts))
 
 
 def option_parts(kind: str, dim: int, topology: "Topology") -> tuple[int, ...]:
@@ -313,17 +331,26 @@ def option_parts(kind: str, dim: int, topology: "Topology") -> tuple[int, ...]:
         return (1,)
     if kind == "column_wise":
         return column_counts(dim, k)
+    if kind == "table_column_wise":  # one device per node: every block on that device, a table-wise table
+        return column_counts(dim, k) if per_node > 1 else ()
     if kind == "table_row_wise":
         return (per_node,) if per_node > 1 else ()
+    if kind == "grid_shard":  # TorchRec's column cut (its grid helper's), each block row-wise on a node
+        blocks = torchrec_column_count(dim)
+        return (blocks * per_node,) if blocks > 1 and per_node > 1 and topology.nodes > 1 else ()
     return (k,) if k > 1 else ()
 
 
 def _no_option_reason(kind: str, dim: int, topology: Topology) -> str:
-    if kind == "column_wise":
-        return (f"column_wise cannot cut dim {dim} into 2, 4, 8, ... equal blocks whose widths are multiples of "
-                f"{COLUMN_ALIGNMENT}, at most one per device ({topology.num_devices})")
-    if kind == "table_row_wise":
-        return "table_row_wise needs more than one device per node"
+    if kind in ("column_wise", "table_column_wise") and (kind == "column_wise" or topology.devices_per_node > 1):
+        return (f"{kind} cannot cut dim {dim} into 2, 4, 8, ... equal blocks whose widths are multiples of "
+                f"{COLUMN_ALIGNMENT}, at most one per device ({topology.num_devices}), nor into TorchRec's blocks of "
+                f"{MIN_COLUMN_BLOCK} and more")
+    if kind in ("table_row_wise", "table_column_wise"):
+        return f"{kind} needs more than one device per node"
+    if kind == "grid_shard":
+        return (f"grid_shard needs more than one node of more than one device, and TorchRec's cut of dim {dim} into "
+                f"blocks of {MIN_COLUMN_BLOCK} and more to give two blocks or more")
     return f"{kind} needs more than one device"
 
 
@@ -351,7 +378,7 @@ class Instance:
     topology: Topology
     workload: Workload = field(default_factory=Workload)
     provenance: str = ""
-    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    sharding_types: tuple[str, ...] = DEFAULT_SHARDING_TYPES
     compute_kernels: tuple[str, ...] = KERNELS
 
     def allowed_kernels(self, table: Table, sharding_type: str) -> tuple[str, ...]:
@@ -563,8 +590,10 @@ _TOPOLOGY_OPTIONAL = ("intra_node_a2a_bw", "inter_node_a2a_bw", "allreduce_globa
 
 def schema_version_of(instance: Instance) -> int:
     """The oldest schema version that says all of the instance, so that readers of that version read it."""
-    return 3 if instance.workload.io_buffers or any(t.pooling_factors is not None or t.weighted
-                                                    for t in instance.tables) else 2
+    newer_types = set(SHARDING_TYPES) - set(LEGACY_SHARDING_TYPES)
+    uses_newer_types = newer_types & {*instance.sharding_types, *(k for t in instance.tables for k in t.sharding_types or ())}
+    return 3 if instance.workload.io_buffers or uses_newer_types or any(
+        t.pooling_factors is not None or t.weighted for t in instance.tables) else 2
 
 
 def instance_to_dict(instance: Instance) -> dict:
@@ -596,7 +625,7 @@ def instance_from_dict(data: Any) -> Instance:
                  ("batch_size", "optimizer", "dtype", *(("io_buffers",) if version >= 3 else ())))
     tables = values["tables"]
     _require(isinstance(tables, list), "tables", "must be a list")
-    types = values.get("sharding_types", list(SHARDING_TYPES))
+    types = values.get("sharding_types", list(DEFAULT_SHARDING_TYPES if version >= 3 else LEGACY_SHARDING_TYPES))
     _require(isinstance(types, list), "sharding_types", "must be a list")
     kernels = values.get("compute_kernels", list(KERNELS))
     _require(isinstance(kernels, list), "compute_kernels", "must be a list")

@@ -6,7 +6,10 @@ pieces each option puts on devices. This is the one place that knows the types' 
 - row_wise: TorchRec's row cut over all K devices, piece d pinned to device d;
 - table_row_wise: TorchRec's row cut over the W devices of one node, piece i pinned to local rank i of
   the node the solver picks;
-- data_parallel: a full replica pinned to every device.
+- data_parallel: a full replica pinned to every device;
+- table_column_wise: the column blocks of column-wise, every one on a device of the node the solver picks;
+- grid_shard: TorchRec's column blocks, each cut by rows over the W devices of a node the solver picks for
+  that block (piece i of a block pinned to local rank i).
 Options that are the same plan as a cheaper type (row-wise or data-parallel on one device, table-row-wise
 with one device per node) are not enumerated. The piece counts come from `model.option_parts`, which
 instance validation asks too, so that a valid instance gives every table an option."""
@@ -20,9 +23,12 @@ from .kernels import FUSED, FUSED_UVM_CACHING, KERNEL_CODE, default_kernel, load
 from .model import SHARDING_TYPES, Instance, option_parts
 from .pieces import KIND_CODE, Pieces
 from .sharding import (
+    COLUMN_BLOCKS,
     COLUMN_WISE,
     DATA_PARALLEL,
+    GRID_SHARD,
     ROW_WISE,
+    TABLE_COLUMN_WISE,
     TABLE_ROW_WISE,
     TABLE_WISE,
     Plan,
@@ -30,7 +36,9 @@ from .sharding import (
     TableSharding,
 )
 
-FREE, PINNED, NODE = "free", "pinned", "node"  # how an option's pieces get their devices
+# How an option's pieces get their devices: each its own (free), fixed ones (pinned), a node's local ranks
+# (node), any devices of one node (node_free), a node's local ranks for each column block (grid).
+FREE, PINNED, NODE, NODE_FREE, GRID = "free", "pinned", "node", "node_free", "grid"
 
 
 @dataclass(frozen=True)
@@ -46,13 +54,12 @@ class Option:
 
     @property
     def placement(self) -> str:
-        if self.sharding_type in (TABLE_WISE, COLUMN_WISE):
-            return FREE
-        return NODE if self.sharding_type == TABLE_ROW_WISE else PINNED
+        return {TABLE_WISE: FREE, COLUMN_WISE: FREE, TABLE_ROW_WISE: NODE, TABLE_COLUMN_WISE: NODE_FREE,
+                GRID_SHARD: GRID}.get(self.sharding_type, PINNED)
 
     @property
     def label(self) -> str:
-        cut = f"{self.sharding_type}×{self.parts}" if self.sharding_type == COLUMN_WISE else self.sharding_type
+        cut = f"{self.sharding_type}×{self.parts}" if self.sharding_type in COLUMN_BLOCKS else self.sharding_type
         if self.kernel == default_kernel(self.sharding_type):
             return cut
         return f"{cut} {self.kernel}" + (f"@{self.load_factor:g}" if self.load_factor is not None else "")
@@ -97,29 +104,40 @@ def _row_ranges(rows: int, parts: int) -> tuple[np.ndarray, np.ndarray]:
 @dataclass(frozen=True, eq=False)
 class OptionPieces:
     """The pieces of many options side by side: `option[p]` is the index of piece p's option, `pin[p]`
-    its device (pinned pieces), local rank in the node (node pieces) or -1 (free pieces); option o's
-    pieces are first[o] .. first[o] + options[o].parts - 1."""
+    its device (pinned pieces), local rank in the node (node and grid pieces) or -1 (free and node_free
+    pieces), `block[p]` its column block in a grid (0 elsewhere); option o's pieces are first[o] ..
+    first[o] + options[o].parts - 1 (a grid's block by block)."""
 
     options: tuple[Option, ...]
     pieces: Pieces
     option: np.ndarray
     pin: np.ndarray
     first: np.ndarray
+    block: np.ndarray
 
     @classmethod
     def build(cls, instance: Instance, options: list[Option]) -> "OptionPieces":
         columns: list[list[np.ndarray]] = [[] for _ in range(8)]
-        kernels, load_factors = [], []
+        kernels, load_factors, blocks = [], [], []
+        per_node = instance.topology.devices_per_node
         for o, option in enumerate(options):
             table = instance.tables[option.table]
             n = option.parts
             rows, dim = table.rows, table.dim
             full_rows = (np.zeros(n, dtype=np.int64), np.full(n, rows, dtype=np.int64))
             full_cols = (np.zeros(n, dtype=np.int64), np.full(n, dim, dtype=np.int64))
-            if option.sharding_type == COLUMN_WISE:
+            block = np.zeros(n, dtype=np.int64)
+            if option.sharding_type in COLUMN_BLOCKS:
                 width = dim // n
                 starts = width * np.arange(n, dtype=np.int64)
                 row_range, col_range, pin = full_rows, (starts, starts + width), np.full(n, -1)
+            elif option.sharding_type == GRID_SHARD:  # block by block, each TorchRec's row cut over a node
+                count = n // per_node
+                width = dim // count
+                block = np.repeat(np.arange(count, dtype=np.int64), per_node)
+                starts, ends = _row_ranges(rows, per_node)
+                row_range = (np.tile(starts, count), np.tile(ends, count))
+                col_range, pin = (block * width, (block + 1) * width), np.tile(np.arange(per_node), count)
             elif option.sharding_type in (ROW_WISE, TABLE_ROW_WISE):
                 row_range, col_range, pin = _row_ranges(rows, n), full_cols, np.arange(n)
             else:
@@ -130,24 +148,32 @@ class OptionPieces:
                 column.append(np.asarray(values, dtype=np.int64))
             kernels.append(np.full(n, KERNEL_CODE[option.kernel]))
             load_factors.append(np.full(n, option.load_factor or 0.0))
+            blocks.append(block)
         arrays = [np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in columns]
         counts = np.array([o.parts for o in options], dtype=np.int64)
         first = np.concatenate([[0], np.cumsum(counts)[:-1]]) if options else np.zeros(0, dtype=np.int64)
         kernel = np.concatenate(kernels) if kernels else np.zeros(0, dtype=np.int64)
         load_factor = np.concatenate(load_factors) if load_factors else np.zeros(0)
+        block = np.concatenate(blocks) if blocks else np.zeros(0, dtype=np.int64)
         return cls(tuple(options), Pieces.of(*arrays[:6], kernel=kernel, load_factor=load_factor), arrays[6],
-                   arrays[7], first)
+                   arrays[7], first, block)
 
     def members(self, o: int) -> np.ndarray:
         return np.arange(self.first[o], self.first[o] + self.options[o].parts)
 
-    def devices(self, o: int, free_devices=None, node: int | None = None, per_node: int = 1) -> np.ndarray:
-        """The devices of option o's pieces, given the free pieces' devices or the node."""
+    def devices(self, o: int, free_devices=None, node=None, per_node: int = 1) -> np.ndarray:
+        """The devices of option o's pieces, given the devices of free and node_free pieces, or the node (one
+        per column block for a grid)."""
         option = self.options[o]
-        if option.placement == FREE:
+        if option.placement in (FREE, NODE_FREE):
             return np.asarray(free_devices, dtype=np.int64)
-        pins = self.pin[self.members(o)]
-        return pins if option.placement == PINNED else node * per_node + pins
+        members = self.members(o)
+        pins = self.pin[members]
+        if option.placement == PINNED:
+            return pins
+        if option.placement == GRID:
+            return np.asarray(node, dtype=np.int64)[self.block[members]] * per_node + pins
+        return node * per_node + pins
 
 
 def plan_from_choice(instance: Instance, options: OptionPieces, chosen: list[int], devices: np.ndarray) -> Plan:

@@ -14,6 +14,7 @@ import numpy as np
 from .memory import HBM, storage
 from .model import (
     DTYPE_BYTES,
+    LEGACY_SHARDING_TYPES,
     MAX_ROWS,
     SHARDING_TYPES,
     Instance,
@@ -69,7 +70,7 @@ class TaskSpec:
     dtype: str = "fp16"
     workload: Workload = Workload()
     nodes: int = 1
-    sharding_types: tuple[str, ...] = SHARDING_TYPES
+    sharding_types: tuple[str, ...] = LEGACY_SHARDING_TYPES  # the five the committed task sets were sampled with
     intra_node_bw: float = Topology.intra_node_a2a_bw
     inter_node_bw: float = Topology.inter_node_a2a_bw
 

@@ -27,9 +27,11 @@ from .model import (
     _string,
     _take,
     is_column_cut,
+    torchrec_column_count,
 )
 
-TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = SHARDING_TYPES
+TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL, TABLE_COLUMN_WISE, GRID_SHARD = SHARDING_TYPES
+COLUMN_BLOCKS = (COLUMN_WISE, TABLE_COLUMN_WISE)  # the types that cut a table into column blocks of every row
 PLAN_SCHEMA_VERSION = 3  # 3 added each table's compute kernel and cache load factor
 # What `shardbench solve -o` writes beside a version-1 plan: a report of the run, ignored on loading.
 V1_REPORT_KEYS = ("solver", "oracle", "status", "seed", "time_limit", "objective", "lower_bound", "gap",
@@ -210,17 +212,21 @@ def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableShar
         if not (full_rows and full_cols):
             return "data_parallel shards must each be the whole table"
         return None if devices == list(range(topo.num_devices)) else "data_parallel needs one replica on every device"
-    if kind == COLUMN_WISE:
+    if kind in COLUMN_BLOCKS:
         if not full_rows:
-            return "column_wise shards must hold every row"
+            return f"{kind} shards must hold every row"
         if not is_column_cut(dim, len(shards)):
-            return (f"column_wise cuts dim {dim} into equal blocks whose widths are multiples of {COLUMN_ALIGNMENT}; "
+            return (f"{kind} cuts dim {dim} into equal blocks whose widths are multiples of {COLUMN_ALIGNMENT}; "
                     f"{len(shards)} blocks are not such a cut")
         cut = column_cuts(dim, len(shards))
         blocks = sorted(s.cols for s in shards)
         if blocks != list(cut):
-            return f"column_wise blocks {_ranges(blocks)} are not TorchRec's equal cut {_ranges(cut)}"
+            return f"{kind} blocks {_ranges(blocks)} are not TorchRec's equal cut {_ranges(cut)}"
+        if kind == TABLE_COLUMN_WISE and len({d // topo.devices_per_node for d in devices}) > 1:
+            return "table_column_wise puts every block on the devices of one node"
         return None
+    if kind == GRID_SHARD:
+        return _grid_problem(instance, rows, dim, shards)
     if not full_cols:
         return f"{kind} shards must hold every column"
     if kind == ROW_WISE:
@@ -234,6 +240,24 @@ def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableShar
     by_rank = [s.rows for s in sorted(shards, key=lambda s: s.device)]
     if by_rank != list(cut):
         return f"{kind} rows by device {_ranges(by_rank)} are not TorchRec's cut {_ranges(cut)}"
+    return None
+
+
+def _grid_problem(instance: Instance, rows: int, dim: int, shards: tuple[Shard, ...]) -> str | None:
+    """A grid is TorchRec's column cut of the table, each block cut by rows over the devices of one node
+    (TorchRec's row cut, in local-rank order)."""
+    per_node = instance.topology.devices_per_node
+    blocks = torchrec_column_count(dim)
+    if blocks < 2 or len(shards) != blocks * per_node:
+        return (f"grid_shard cuts dim {dim} into TorchRec's {blocks} column block(s), each into {per_node} row "
+                f"blocks: {blocks * per_node} shards, not {len(shards)}")
+    cut = row_cuts(rows, per_node)
+    for cols in column_cuts(dim, blocks):
+        block = sorted((s for s in shards if s.cols == cols), key=lambda s: s.device)
+        first = block[0].device // per_node * per_node if block else 0
+        if [s.device for s in block] != list(range(first, first + per_node)) or [s.rows for s in block] != list(cut):
+            return (f"grid_shard block of cols [{cols[0]}, {cols[1]}) must be TorchRec's row cut {_ranges(cut)} over the "
+                    "devices of one node")
     return None
 
 
@@ -321,15 +345,19 @@ def plan_from_dict(data: Any, instance: Instance) -> Plan:
 
 def compact(plan: Plan, instance: Instance) -> list[list]:
     """A plan cut by the standard rules as [type, devices...] per table (table-wise: its device; column-
-    wise: each column block's device; table-row-wise: its node; row-wise and data-parallel: nothing),
-    for results stores."""
+    and table-column-wise: each column block's device; table-row-wise: its node; grid: each column block's
+    node; row-wise and data-parallel: nothing), for results stores."""
     out = []
+    per_node = instance.topology.devices_per_node
     for table, sharding in zip(instance.tables, plan.tables):
         kind = sharding.sharding_type
-        if kind in (TABLE_WISE, COLUMN_WISE):
+        if kind in (TABLE_WISE, *COLUMN_BLOCKS):
             entry = [kind, *sharding.devices]
         elif kind == TABLE_ROW_WISE:
-            entry = [kind, sharding.shards[0].device // instance.topology.devices_per_node]
+            entry = [kind, sharding.shards[0].device // per_node]
+        elif kind == GRID_SHARD:  # the node of each column block
+            entry = [kind, *(s.device // per_node for s in sorted(sharding.shards, key=lambda s: (s.cols, s.rows))
+                             if s.rows[0] == 0 and s.device % per_node == 0)]
         else:
             entry = [kind]
         if sharding.compute_kernel != default_kernel(kind):  # stores from before kernels read on unchanged
@@ -349,8 +377,12 @@ def expand(entries: list[list], instance: Instance) -> Plan:
         full_rows, full_cols = (0, table.rows), (0, table.dim)
         if kind == TABLE_WISE:
             shards = (Shard(devices[0], full_rows, full_cols),)
-        elif kind == COLUMN_WISE:
+        elif kind in COLUMN_BLOCKS:
             shards = tuple(Shard(d, full_rows, c) for d, c in zip(devices, column_cuts(table.dim, len(devices))))
+        elif kind == GRID_SHARD:
+            shards = tuple(Shard(node * topo.devices_per_node + i, r, cols)
+                           for node, cols in zip(devices, column_cuts(table.dim, len(devices)))
+                           for i, r in enumerate(row_cuts(table.rows, topo.devices_per_node)))
         elif kind == ROW_WISE:
             shards = tuple(Shard(d, r, full_cols) for d, r in enumerate(row_cuts(table.rows, topo.num_devices)))
         elif kind == TABLE_ROW_WISE:

@@ -24,24 +24,29 @@ def _generator(instance: Instance, sharding: TableSharding):
     from torchrec.distributed import sharding_plan as sp
 
     kind = sharding.sharding_type
+    per_node = instance.topology.devices_per_node
     if kind == "table_wise":
         generator = sp.table_wise(rank=sharding.shards[0].device)
-    elif kind == "column_wise":
-        ordered = sorted(sharding.shards, key=lambda s: s.cols[0])
+    elif kind in ("column_wise", "table_column_wise"):  # TorchRec has no table_column_wise helper: its blocks
+        ordered = sorted(sharding.shards, key=lambda s: s.cols[0])  # are column-wise's, on one node's ranks
         generator = sp.column_wise(ranks=[s.device for s in ordered])
     elif kind == "row_wise":
         generator = sp.row_wise()
     elif kind == "table_row_wise":
-        generator = sp.table_row_wise(host_index=sharding.shards[0].device // instance.topology.devices_per_node)
+        generator = sp.table_row_wise(host_index=sharding.shards[0].device // per_node)
+    elif kind == "grid_shard":  # each column block's node, in column order (TorchRec's own cut)
+        first_rows = sorted((s for s in sharding.shards if s.device % per_node == 0), key=lambda s: s.cols[0])
+        generator = sp.grid_shard(host_indexes=[s.device // per_node for s in first_rows])
     else:
         generator = sp.data_parallel()
-    return _with_kernel(generator, sharding.compute_kernel, sharding.cache_load_factor)
+    return _with_kernel(generator, kind, sharding.compute_kernel, sharding.cache_load_factor)
 
 
-def _with_kernel(generator, compute_kernel: str, load_factor: float | None):
-    """A ParameterSharding generator whose output carries the kernel we priced, and the cache load factor
-    for a cached table. TorchRec's helpers default to "dense" unless told (table_row_wise takes no kernel
-    at all): a kernel TorchRec's planner never proposes there, which runs and is priced far slower."""
+def _with_kernel(generator, kind: str, compute_kernel: str, load_factor: float | None):
+    """A ParameterSharding generator whose output carries the sharding type and kernel we priced, and the
+    cache load factor for a cached table. TorchRec's helpers default to "dense" unless told (table_row_wise
+    takes no kernel at all): a kernel TorchRec's planner never proposes there, which runs and is priced far
+    slower."""
     import dataclasses
 
     from torchrec.distributed.types import CacheParams
@@ -49,7 +54,8 @@ def _with_kernel(generator, compute_kernel: str, load_factor: float | None):
     cache = CacheParams(load_factor=load_factor) if load_factor is not None else None
 
     def generate(*args, **kwargs):
-        return dataclasses.replace(generator(*args, **kwargs), compute_kernel=compute_kernel, cache_params=cache)
+        return dataclasses.replace(generator(*args, **kwargs), sharding_type=kind, compute_kernel=compute_kernel,
+                                   cache_params=cache)
 
     return generate
 
@@ -101,13 +107,19 @@ def _table_sharding(instance: Instance, table: Table, sharding) -> TableSharding
                              (int(meta.shard_offsets[0]), int(meta.shard_offsets[0] + meta.shard_sizes[0])),
                              (int(meta.shard_offsets[1]), int(meta.shard_offsets[1] + meta.shard_sizes[1])))
                        for meta in sharding.sharding_spec.shards)
-    if kind == "column_wise" and len(shards) == 1:
+    if kind in ("column_wise", "table_column_wise") and len(shards) == 1:
         # TorchRec cuts a narrow table into one column shard, priced and stored as table-wise by its
         # estimators; our column-wise means two shards or more.
         if "table_wise" not in instance.allowed_types(table):
             raise InstanceError(f"plan: table {table.name}", "TorchRec placed it whole as one column shard, "
                                 "but table_wise is not allowed for it")
         kind = "table_wise"
+    if kind == "grid_shard" and all(s.cols == (0, table.dim) for s in shards):
+        # A grid of one column block is table-row-wise under another name (TorchRec prices it so).
+        if "table_row_wise" not in instance.allowed_types(table):
+            raise InstanceError(f"plan: table {table.name}", "TorchRec placed it as a grid of one column block, "
+                                "but table_row_wise is not allowed for it")
+        kind = "table_row_wise"
     kernel = sharding.compute_kernel
     load_factor = None
     if kernel == FUSED_UVM_CACHING:
@@ -195,7 +207,8 @@ def torchrec_rating(model, sharders: list, sharding_plan, topology, batch_size: 
 
 
 def _column_block(sharding) -> int | None:
-    if sharding.sharding_type != "column_wise":
+    """The width of a plan's column blocks, which TorchRec's enumerator cuts only as its min_partition says."""
+    if sharding.sharding_type not in ("column_wise", "table_column_wise", "grid_shard"):
         return None
     return int(sharding.sharding_spec.shards[0].shard_sizes[1])
 

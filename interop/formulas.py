@@ -24,8 +24,12 @@ from instances.kernels import KERNELS
 from instances.model import SHARDING_TYPES
 from instances.pieces import KIND_CODE, Pieces
 
-TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL = (
-    KIND_CODE[k] for k in ("table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"))
+TABLE_WISE, COLUMN_WISE, ROW_WISE, TABLE_ROW_WISE, DATA_PARALLEL, TABLE_COLUMN_WISE, GRID_SHARD = (
+    KIND_CODE[k] for k in SHARDING_TYPES)
+# TorchRec's evaluators: column- and table-column-wise are its table-wise one on their blocks; a grid is its
+# table-row-wise one on each block.
+WHOLE_ROWS = (TABLE_WISE, COLUMN_WISE, TABLE_COLUMN_WISE)
+NODE_ROWS = (TABLE_ROW_WISE, GRID_SHARD)
 COVERED_KERNELS = frozenset({"fused", "fused_uvm", "fused_uvm_caching", "dense"})
 MIN_LOOKUP_DIM = 32  # TorchRec's table-wise evaluator reads at least 32 columns per lookup (a literal there)
 # Bytes per row of a cached table's auxiliary state and per cache slot (literals in TorchRec's
@@ -203,7 +207,7 @@ def _sizes(kind: int, s: Setting, t: Tables, table: np.ndarray, width: np.ndarra
     written forward and backward (each evaluator's own getters)."""
     w, bi, bo, e = s.world, t.batch_inputs[table], t.batch_outputs[table], t.element[table]
     pooled = t.pooled[table]
-    if kind in (TABLE_WISE, COLUMN_WISE):
+    if kind in WHOLE_ROWS:
         read = np.ceil(bi * w * s.input_bytes)
         lookup = bi * w * np.maximum(width, MIN_LOOKUP_DIM) * e
         return read, lookup, bo * w * width * t.fwd_a2a[table], bo * w * width * t.bwd_a2a[table]
@@ -223,11 +227,11 @@ def _sizes(kind: int, s: Setting, t: Tables, table: np.ndarray, width: np.ndarra
 
 def _comms(kind: int, s: Setting, t: Tables, table, rows, width, out_fwd, out_bwd, device_bw):
     """Per shard of one sharding type: forward and backward communication (ms)."""
-    if kind in (TABLE_WISE, COLUMN_WISE):
+    if kind in WHOLE_ROWS:
         return out_fwd / s.a2a_bw, out_bwd / s.a2a_bw
     if kind == ROW_WISE:
         return out_fwd / s.reduce_scatter_bw, out_bwd / s.all_gather_bw + out_bwd * s.batched_copy / device_bw
-    if kind == TABLE_ROW_WISE:
+    if kind in NODE_ROWS:
         groups = max(1, s.world // s.group)
         across_fwd = across_bwd = 0.0
         if groups > 1:
@@ -254,7 +258,7 @@ def perf(s: Setting, t: Tables, pieces: Pieces) -> np.ndarray:
         tm, hm, wm, bw = table[m], rows[m], width[m], device_bw[m]
         read, lookup, out_fwd, out_bwd = _sizes(int(k), s, t, tm, wm)
         a_read, a_lookup, a_out, a_hash = s.fwd_coefficients[k]
-        penalty = _penalty(s, wm) if k in (TABLE_WISE, COLUMN_WISE) else 1.0
+        penalty = _penalty(s, wm) if k in WHOLE_ROWS else 1.0
         fwd = (a_read * read + a_lookup * lookup + a_out * out_fwd + a_hash * hm) * penalty / bw
         out[m, 0], out[m, 1] = fwd, fwd * s.bwd_multiplier
         out[m, 2], out[m, 3] = _comms(int(k), s, t, tm, hm, wm, out_fwd, out_bwd, bw)
@@ -295,7 +299,7 @@ def _io(kind: int, s: Setting, t: Tables, table, rows, width):
     w, bi, bo, size = s.world, t.batch_inputs[table], t.batch_outputs[table], t.output_element[table]
     if kind == DATA_PARALLEL:
         return np.ceil(bi * s.input_bytes), np.ceil(bo * t.dim[table] * size)
-    if kind in (TABLE_WISE, COLUMN_WISE):
+    if kind in WHOLE_ROWS:
         cols = t.dim[table] if kind == TABLE_WISE else width
         return np.ceil(bi * w * s.input_bytes), np.ceil(bo * w * cols * size)
     bi = bi / (s.world if kind == ROW_WISE else s.group)

@@ -10,7 +10,7 @@ from typing import Any, Collection, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
 from instances.kernels import FUSED_UVM_CACHING, KERNELS
-from instances.model import MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
+from instances.model import DEFAULT_SHARDING_TYPES, MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
 
 from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
 
@@ -65,10 +65,12 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
             kernels = modelled_kernels(kernels, f"{path}.compute_kernels", config.name)
         load_factor = cache_load_factor(getattr(constraint, "cache_params", None), kernels, f"{path}.cache_params",
                                         config.name)
+        # As TorchRec's enumerator: the default types where the constraints name none (grid_shard only where named).
         out.append(Table.of_inputs(factors, name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
                                    dtype_bytes=_data_type_bytes(config.data_type, f"{path}.data_type"),
                                    reuse_bins=IMPORTED_BINS if sum(factors) > 0 else (0.0,) * 17,
-                                   pooled=is_pooled, sharding_types=tuple(types) if types is not None else None,
+                                   pooled=is_pooled,
+                                   sharding_types=tuple(types) if types is not None else DEFAULT_SHARDING_TYPES,
                                    compute_kernels=kernels, cache_load_factor=load_factor,
                                    weighted=config.name in weighted))
     world, local = topology.world_size, topology.local_world_size
@@ -86,7 +88,7 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
     # A model TorchRec runs holds its shards' input and output buffers in HBM too: counted as its storage
     # estimator counts them.
     return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32", io_buffers=True),
-                    provenance="imported from TorchRec").validate()
+                    provenance="imported from TorchRec", sharding_types=SHARDING_TYPES).validate()
 
 
 def _pooling_factors(factors: Any, path: str, table: str) -> list[float]:

@@ -51,11 +51,14 @@ def _torchrec_cuts(instance: Instance, table: Table, kind: str, width: int) -> s
     whole_rows, whole_cols = (0, table.rows), (0, table.dim)
     if kind in ("table_wise", "data_parallel"):
         return {(*whole_rows, *whole_cols)}
-    if kind == "column_wise":
-        parts = table.dim // width if width else 0
-        if parts * width != table.dim or not is_column_cut(table.dim, parts):
+    blocks = table.dim // width if width else 0
+    if kind in ("column_wise", "table_column_wise", "grid_shard"):
+        if blocks * width != table.dim or not is_column_cut(table.dim, blocks):
             return None
-        return {(*whole_rows, *cols) for cols in column_cuts(table.dim, parts)}
+        if kind != "grid_shard":
+            return {(*whole_rows, *cols) for cols in column_cuts(table.dim, blocks)}
+        return {(*rows, *cols) for cols in column_cuts(table.dim, blocks)
+                for rows in row_cuts(table.rows, instance.topology.devices_per_node)}
     parts = instance.num_devices if kind == "row_wise" else instance.topology.devices_per_node
     return {(*rows, *whole_cols) for rows in row_cuts(table.rows, parts)}
 
@@ -144,8 +147,10 @@ class TorchRecOracle(AdditiveOracle):
         from torchrec.distributed.types import CacheParams
 
         k, per_node = instance.num_devices, instance.topology.devices_per_node
-        if kind == "column_wise":
+        if kind in ("column_wise", "table_column_wise"):
             cuts = [((0, table.rows), c) for c in column_cuts(table.dim, table.dim // width)]
+        elif kind == "grid_shard":
+            cuts = [(r, c) for c in column_cuts(table.dim, table.dim // width) for r in row_cuts(table.rows, per_node)]
         elif kind in ("row_wise", "table_row_wise"):
             cuts = [(r, (0, table.dim)) for r in row_cuts(table.rows, k if kind == "row_wise" else per_node)]
         else:

@@ -24,7 +24,7 @@ from instances import (
 from instances.dlrm_loader import load_raw_tables
 from instances.io import check_output_path, write_json_atomic
 from instances.memory import HBM, describe, storage_fields
-from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
+from instances.model import DTYPE_BYTES, LEGACY_SHARDING_TYPES, OPTIMIZERS, Topology, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
     Budget,
@@ -383,7 +383,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     sample.add_argument("--nodes", type=POSITIVE, default=1, help="nodes the devices are spread over")
     sample.add_argument("--devices-per-node", type=POSITIVE, help="devices per node (then devices = nodes × this; "
                         "default: devices / nodes)")
-    sample.add_argument("--sharding-types", type=sharding_types, default=SHARDING_TYPES,
+    sample.add_argument("--sharding-types", type=sharding_types, default=LEGACY_SHARDING_TYPES,
                         help="allowed sharding types, comma-separated, or 'all'")
     sample.add_argument("--host-memory-bytes", type=POSITIVE, help="host memory (DDR) per device, bytes: tables may "
                         "then live there (fused_uvm, fused_uvm_caching), and --tightness may be below 1 (default: "

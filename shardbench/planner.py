@@ -20,7 +20,7 @@ from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCo
 
 from instances import Instance, InstanceError
 from instances.kernels import HOST_KERNELS, KERNELS, kernels_for
-from instances.model import SHARDING_TYPES
+from instances.model import DEFAULT_SHARDING_TYPES, SHARDING_TYPES
 from interop.common import ShardableModule
 from interop.export import to_torchrec_model
 from interop.common import STORAGE_RESERVE
@@ -174,8 +174,15 @@ class ShardbenchPlanner(ShardingPlanner):
                     sharding_types=list(kernels), pooling_factors=given.pooling_factors,
                     compute_kernels=list(allowed),
                     cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
-        instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
-                                 instance_id="torchrec-model", weighted=weighted, reserved=True)
+        try:
+            instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
+                                     instance_id="torchrec-model", weighted=weighted, reserved=True)
+        except InstanceError as error:  # named as the user named it: the table's constraints, not our index
+            match = re.fullmatch(r"tables\[(\d+)\]\.(\w+)", error.field)
+            if match is None:
+                raise
+            given = [config.name for f in found for config in f.configs][int(match.group(1))]
+            raise InstanceError(f"constraints[{given!r}].{match.group(2)}", error.reason) from error
         notes = ()
         if host and assumes_default_ddr(self._topology):
             notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "
@@ -253,7 +260,9 @@ def _allowed_kernels(table: str, given: ParameterConstraints, supported: list[st
         if getattr(given, unmodelled, None) is not None:
             raise InstanceError(f"{field}.{unmodelled}", "is not modelled (shardbench plans one pooling factor per "
                                 "table at the planner's batch size); drop it or plan with TorchRec's planner")
-    types = [t for t in SHARDING_TYPES if t in supported and (given.sharding_types is None or t in given.sharding_types)]
+    # As TorchRec's enumerator: grid_shard only where the constraints name it.
+    types = [t for t in SHARDING_TYPES if t in supported and (t in given.sharding_types if given.sharding_types
+                                                             else t in DEFAULT_SHARDING_TYPES)]
     if not types:
         raise InstanceError(f"{field}.sharding_types", f"leave none of the types shardbench plans {SHARDING_TYPES} "
                             f"that its sharder supports ({supported})")

@@ -128,33 +128,79 @@ class Assembly:
                 return _short_on(int(members[p]), need[p], self.free[devices[p]])
             return Trial(option, devices, self.state.costs_with(members, devices))
         if placement == "node":
-            best, stuck = None, None
-            for node in range(self.k // self.per_node):
-                devices = self.c.devices(option, node=node)
-                short = np.flatnonzero((self.free[devices] < need).any(axis=1))
-                if short.size:
-                    p = int(short[0])
-                    stuck = stuck or _short_on(int(members[p]), need[p], self.free[devices[p]])
-                    continue
-                trial = Trial(option, devices, self.state.costs_with(members, devices))
-                if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
-                    best = trial
-            return best if best is not None else stuck
+            return self._best_node(option, members, need, lambda node: self.c.devices(option, node=node))
+        if placement == "node_free":
+            return self._best_node(option, members, need, lambda node: self._spread(
+                members, need, np.arange(node * self.per_node, (node + 1) * self.per_node)))
+        if placement == "grid":
+            return self._grid(option, members, need)
+        devices = self._spread(members, need, np.arange(self.k))
+        if isinstance(devices, Stuck):
+            return devices
+        return Trial(option, devices, self.state.costs_with(members, devices))
+
+    def _spread(self, members: np.ndarray, need: np.ndarray, allowed: np.ndarray) -> np.ndarray | Stuck:
+        """Free pieces one by one, each on the device among `allowed` with room where the cost after adding
+        it is lowest (nothing changes)."""
         devices = np.empty(members.size, dtype=np.int64)
         free = self.free.copy()
         for i, piece in enumerate(members):
-            room = np.flatnonzero((free >= need[i]).all(axis=1))
+            room = allowed[(free[allowed] >= need[i]).all(axis=1)]
             if room.size == 0:
                 self.state.remove_many(members[:i], devices[:i])
-                tier, most_free = shortfall(need[i], free)
+                tier, most_free = shortfall(need[i], free[allowed])
                 return Stuck(int(piece), int(need[i, tier]), most_free, tier)
             after = self.state.costs_if_added(int(piece), room)
             devices[i] = room[int(np.argmin(after))]
             self.state.add(int(piece), int(devices[i]))
             free[devices[i]] -= need[i]
-        costs = self.state.costs()
         self.state.remove_many(members, devices)
-        return Trial(option, devices, costs)
+        return devices
+
+    def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, place) -> Trial | Stuck:
+        """The node whose busiest touched device ends lowest, the pieces placed there by `place(node)` (their
+        devices, or why they find no room)."""
+        best, stuck = None, None
+        for node in range(self.k // self.per_node):
+            devices = place(node)
+            if isinstance(devices, Stuck):
+                stuck = stuck or devices
+                continue
+            free = self.free.copy()
+            np.subtract.at(free, devices, need)
+            short = np.flatnonzero((free[devices] < 0).any(axis=1))
+            if short.size:
+                p = int(short[0])
+                stuck = stuck or _short_on(int(members[p]), need[p], self.free[devices[p]])
+                continue
+            trial = Trial(option, devices, self.state.costs_with(members, devices))
+            if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
+                best = trial
+        return best if best is not None else stuck
+
+    def _grid(self, option: int, members: np.ndarray, need: np.ndarray) -> Trial | Stuck:
+        """A grid's column blocks one by one, each on the node whose busiest device ends lowest with it."""
+        blocks = self.c.options.block[members]
+        nodes = np.zeros(int(blocks.max()) + 1, dtype=np.int64)
+        placed: list[tuple[np.ndarray, np.ndarray]] = []  # each block's pieces and devices, held while the rest fit
+        outcome: Trial | Stuck | None = None
+        for b in range(nodes.size):
+            part = members[blocks == b]
+            local = self.c.options.pin[part]
+            trial = self._best_node(option, part, self.memory[part], lambda node: node * self.per_node + local)
+            if isinstance(trial, Stuck):
+                outcome = trial
+                break
+            nodes[b] = trial.devices[0] // self.per_node
+            placed.append((part, trial.devices))
+            self.state.add_many(part, trial.devices)
+            np.subtract.at(self.free, trial.devices, self.memory[part])
+        if outcome is None:
+            outcome = Trial(option, self.c.devices(option, node=nodes), self.state.costs())
+        for part, devices in placed:
+            self.state.remove_many(part, devices)
+            np.add.at(self.free, devices, self.memory[part])
+        return outcome
 
 
 def construct(candidates: Candidates, order: np.ndarray, chosen: np.ndarray, weight: np.ndarray) -> Assembly | Stuck:

@@ -25,13 +25,15 @@ from instances.kernels import FUSED_UVM_CACHING, KERNELS
 from instances.pieces import Pieces
 from instances.options import (
     FREE,
+    GRID,
     NODE,
+    NODE_FREE,
     PINNED,
     OptionPieces,
     enumerate_options,
     plan_from_choice,
 )
-from instances.sharding import COLUMN_WISE, TABLE_WISE
+from instances.sharding import COLUMN_BLOCKS, TABLE_WISE
 
 from .choice import MEMORY_SHARES, choose_options, option_weight
 
@@ -160,6 +162,13 @@ class Candidates:
     def placement(self, o: int) -> str:
         return self.options.options[o].placement
 
+    @cached_property
+    def free_piece(self) -> np.ndarray:
+        """Per piece, whether it may sit on any device by itself (a piece of a table- or column-wise option):
+        the pieces local search moves and swaps."""
+        free = np.array([o.placement == FREE for o in self.options.options], dtype=bool)
+        return free[self.options.option] if len(self.options.option) else np.zeros(0, dtype=bool)
+
     def devices(self, o: int, free_devices=None, node: int | None = None) -> np.ndarray:
         return self.options.devices(o, free_devices, node, self.instance.topology.devices_per_node)
 
@@ -212,14 +221,20 @@ class Candidates:
         return tuple(int(t) for t in np.flatnonzero(most > self.instance.topology.capacity.as_array()))
 
     def _most_on_one_device(self, o: int) -> np.ndarray:
-        """Per tier, the most option o can put on one device: all its pieces for a free option (they may
-        share one), its fullest device for a pinned option, its largest piece for a node option."""
+        """Per tier, the most option o can put on one device: all its pieces for a free or node_free option
+        (they may share one), its fullest device for a pinned option, its largest piece for a node option, a
+        local rank's pieces of every block for a grid (its blocks may share a node)."""
         placement = self.placement(o)
-        if placement == FREE:
+        if placement in (FREE, NODE_FREE):
             return self.total_storage[o]
         if placement == PINNED:
             return self.device_profile(o, self.storage).max(axis=0)
-        return self.storage[self.members(o)].max(axis=0)
+        members = self.members(o)
+        if placement == GRID:
+            per_rank = np.zeros((self.instance.topology.devices_per_node, 2), dtype=np.int64)
+            np.add.at(per_rank, self.options.pin[members], self.storage[members])
+            return per_rank.max(axis=0)
+        return self.storage[members].max(axis=0)
 
     def device_shares(self, storage: np.ndarray) -> np.ndarray:
         """Bytes as shares of one device, summed over the tiers it has (…× 2 → …): how much memory an
@@ -277,11 +292,9 @@ class Candidates:
     def _shape(self, o: int, costs: np.ndarray, memory: np.ndarray) -> "_Shape":
         members = self.members(o)
         option = self.options.options[o]
-        if option.placement == FREE:
-            return _Shape(option.sharding_type, FREE, costs[members], memory[members])
-        if option.placement == NODE:
-            return _Shape(option.sharding_type, NODE, costs[members], memory[members])
-        return _Shape(option.sharding_type, PINNED, self.device_profile(o, costs), self.device_profile(o, memory))
+        if option.placement == PINNED:
+            return _Shape(option.sharding_type, PINNED, self.device_profile(o, costs), self.device_profile(o, memory))
+        return _Shape(option.sharding_type, option.placement, costs[members], memory[members])
 
 
 @dataclass(frozen=True)
@@ -297,24 +310,30 @@ class _Shape:
 
 def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> bool:
     """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'
-    (memory compared tier by tier, over the tiers that may bind)."""
+    (memory compared tier by tier, over the tiers that may bind). Options whose pieces must share a node
+    (node_free, grid) are never claimed to dominate, and a grid (whose blocks may pile up on one node) is
+    never claimed dominated."""
     def fits(cost, mem, b_cost, b_mem) -> np.ndarray:
         ok = cost <= b_cost
         return ok & (mem <= b_mem).all(axis=-1) if memory_matters else ok
 
     if a.placement == FREE:
         x, m, pieces = a.cost.max(), a.memory.max(axis=0), a.cost.size
-        if b.placement == FREE:
-            if a.kind == TABLE_WISE or b.kind == COLUMN_WISE:
+        if b.placement in (FREE, NODE_FREE):
+            # b's pieces sit on devices that a's may take too (one block of a's to each, where b has as many
+            # blocks, each at least as costly and as large).
+            if a.kind == TABLE_WISE or b.kind in COLUMN_BLOCKS:
                 return (b.cost.size >= pieces and x <= b.cost.min()
                         and (not memory_matters or bool((m <= b.memory.min(axis=0)).all())))
+            return False
+        if b.placement == GRID:
             return False
         # b pinned or node-pinned: a's pieces go where b puts at least as much (for a node option, on the
         # local ranks of whichever node b picks).
         return int(fits(x, m, b.cost, b.memory).sum()) >= pieces
     if a.placement == PINNED:
         return b.placement == PINNED and bool(np.all(fits(a.cost, a.memory, b.cost, b.memory)))
-    if b.placement != PINNED:
+    if a.placement != NODE or b.placement != PINNED:
         return False
     nodes = b.cost.size // per_node
     by_node = fits(a.cost, a.memory, b.cost.reshape(nodes, per_node), b.memory.reshape(nodes, per_node, -1))

@@ -7,7 +7,9 @@ options"`).
 
 Variables: y[o] picks option o of a table (a constant where a table has one option); a free option of c
 equal pieces has n[o, d] ∈ 0..c pieces on device d with Σ_d n = c·y; a node option has z[o, node] with
-Σ z = y; pinned options add their per-device costs and memory through y. Devices of one node that every
+Σ z = y; a node_free option (table-column-wise) has z[o, node] and its c pieces n[o, d] on the devices of
+the chosen node, Σ_{d in node} n = c·z; a grid of c blocks has g[o, node] ∈ 0..c blocks on each node with
+Σ g = c·y; pinned options add their per-device costs and memory through y. Devices of one node that every
 pinned and node option treats alike are interchangeable: they are numbered by first use, so that the
 table at position q (costliest first) may only use the first U_q + c of them, U_q being how many pieces
 the tables before it can hold at most."""
@@ -110,8 +112,8 @@ def device_classes(candidates: Candidates) -> list[list[int]]:
         if placement == "pinned":
             columns += [candidates.device_profile(int(o), candidates.priced.costs),
                         *candidates.device_profile(int(o), candidates.storage).T]
-        elif placement == "node":
-            members = candidates.members(int(o))
+        elif placement in ("node", "grid"):  # a grid's blocks are alike: its first block's profile
+            members = candidates.members(int(o))[:per_node]
             local = np.arange(k) % per_node
             columns += [candidates.priced.costs[members][local], *candidates.storage[members][local].T]
     signature = np.stack(columns, axis=1)
@@ -218,6 +220,10 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     cost_terms[d][1].append(float(profile[d]))
                     memory_terms[d][0].append(y)
                     memory_terms[d][1].append(needs[d])
+            elif placement == "node_free":
+                _node_free_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
+            elif placement == "grid":
+                _grid_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
             else:
                 members = candidates.members(o)
                 costs, needs = candidates.priced.costs[members], candidates.storage[members]
@@ -248,6 +254,67 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     return model
 
 
+def _choice_row(model: LinearModel, terms: list[int], parts: int, y: int | None) -> None:
+    """Σ terms = parts · y (or = parts where the table has this one option)."""
+    if y is not None:
+        model.choices.append((terms + [y], [1] * len(terms) + [-parts], 0))
+    else:
+        model.choices.append((terms, [1] * len(terms), parts))
+
+
+def _node_free_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool, start: ExactStart,
+                     y: int | None, cost_terms: list, memory_terms: list, loads: np.ndarray) -> None:
+    """A table-column-wise option: z[o, node] picks its node, n[o, d] ∈ 0..c its pieces on each device there
+    (Σ_{d in node} n = c·z); the start's devices as the hint."""
+    k, per_node = candidates.num_devices, candidates.instance.topology.devices_per_node
+    members, parts = candidates.members(o), candidates.options.options[o].parts
+    cost, memory = _identical_pieces(candidates, o)
+    hint = (np.bincount(start.assembly.device[members], minlength=k) if picked and start.assembly is not None
+            else np.zeros(k, dtype=np.int64))
+    z_vars = []
+    for node in range(k // per_node):
+        held = hint[node * per_node:(node + 1) * per_node]
+        z = model.var(f"z{o}_{node}", 1, float(held.sum() > 0), ("z", o, node))
+        z_vars.append(z)
+        n_vars = []
+        for i in range(per_node):
+            d = node * per_node + i
+            v = model.var(f"n{o}_{d}", parts, float(held[i]), ("n", o, d))
+            n_vars.append(v)
+            cost_terms[d][0].append(v)
+            cost_terms[d][1].append(cost)
+            memory_terms[d][0].append(v)
+            memory_terms[d][1].append(memory)
+        model.choices.append((n_vars + [z], [1] * per_node + [-parts], 0))
+    loads += cost * hint
+    _choice_row(model, z_vars, 1, y)
+
+
+def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool, start: ExactStart,
+                y: int | None, cost_terms: list, memory_terms: list, loads: np.ndarray) -> None:
+    """A grid of c alike blocks: g[o, node] ∈ 0..c of them on each node (Σ g = c·y), each putting its piece
+    of local rank i on the node's device i."""
+    k, per_node = candidates.num_devices, candidates.instance.topology.devices_per_node
+    members = candidates.members(o)
+    blocks = int(candidates.options.block[members].max()) + 1
+    costs, needs = candidates.priced.costs[members[:per_node]], candidates.storage[members[:per_node]]
+    hint = np.zeros(k // per_node, dtype=np.int64)
+    if picked and start.assembly is not None:
+        np.add.at(hint, start.assembly.device[members[::per_node]] // per_node, 1)
+    g_vars = []
+    for node in range(k // per_node):
+        v = model.var(f"g{o}_{node}", blocks, float(hint[node]), ("g", o, node))
+        g_vars.append(v)
+        for i in range(per_node):
+            d = node * per_node + i
+            cost_terms[d][0].append(v)
+            cost_terms[d][1].append(float(costs[i]))
+            memory_terms[d][0].append(v)
+            memory_terms[d][1].append(needs[i])
+            loads[d] += costs[i] * hint[node]
+    _choice_row(model, g_vars, blocks, y)
+
+
 def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> tuple[list[int], np.ndarray]:
     """The chosen option per table and a device per piece from a solution's variable values."""
     picked_y = {o for v, (kind, o, _) in model.decode.items() if kind == "y" and values[v] > 0.5}
@@ -260,19 +327,21 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
     for v, (kind, o, where) in model.decode.items():
         if o not in chosen:
             continue
-        if kind == "n":
+        if kind in ("n", "g"):
             n = int(round(values[v]))
             if n > 0:
                 counts.setdefault(o, []).append((where, n))
-        elif kind == "z" and values[v] > 0.5:
+        elif kind == "z" and values[v] > 0.5 and candidates.placement(o) == "node":
             device[candidates.members(o)] = candidates.devices(o, node=where)
     for o in chosen:
         placement = candidates.placement(o)
+        spread = [where for where, n in sorted(counts.get(o, [])) for _ in range(n)]
         if placement == "pinned":
             device[candidates.members(o)] = candidates.devices(o)
-        elif placement == "free":
-            devices = [d for d, n in sorted(counts.get(o, [])) for _ in range(n)]
-            device[candidates.members(o)] = devices
+        elif placement in ("free", "node_free"):  # n[o, d] pieces on device d (a node_free one's all on its node)
+            device[candidates.members(o)] = spread
+        elif placement == "grid":  # g[o, node] blocks on each node, in block order
+            device[candidates.members(o)] = candidates.devices(o, node=spread)
         elif device[candidates.members(o)[0]] < 0:
             raise ValueError(f"option {o}: no node chosen")
     return chosen, device
@@ -340,5 +409,6 @@ def model_size(candidates: Candidates) -> int:
     for ids in candidates.by_table:
         for o in ids:
             placement = candidates.placement(int(o))
-            size += 1 + (k if placement == "free" else k // per_node if placement == "node" else 0)
+            size += 1 + {"free": k, "node": k // per_node, "node_free": k + k // per_node,
+                         "grid": k // per_node}.get(placement, 0)
     return size

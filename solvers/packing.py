@@ -28,7 +28,7 @@ def pack(candidates: Candidates, target: float, weight: np.ndarray, fit: str = "
     c = candidates
     chosen = choose_options(c, target, weight, memory_share, allowed)
     assembly = Assembly(c)
-    rank = {"pinned": 0, "node": 1, "free": 2}
+    rank = {"pinned": 0, "node": 1, "grid": 1, "node_free": 1, "free": 2}
     order = sorted(range(chosen.size), key=lambda t: (rank[c.placement(int(chosen[t]))], -c.biggest[chosen[t]], t))
     capacity = c.instance.topology.capacity.as_array().astype(float)
     has = capacity > 0

@@ -43,7 +43,7 @@ class _Search:
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
-        return placed[self.c.options.pin[placed] < 0]
+        return placed[self.c.free_piece[placed]]
 
     def best_step(self) -> tuple | None:
         """The move or swap of a free piece off the most loaded device, or the option change of a table

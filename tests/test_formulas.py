@@ -84,6 +84,9 @@ def _small(nodes: int, per_node: int, pooled: bool, host: bool = True) -> Instan
 def test_formulas_equal_torchrec_for_every_sharding_type_and_kernel(monkeypatch, kind, kernel, nodes, per_node, pooled):
     instance = _small(nodes, per_node, pooled)
     pieces = _options(instance, lambda o: o.sharding_type == kind and o.kernel == kernel)
+    if kind == "grid_shard" and (nodes == 1 or not pooled):  # a grid needs two nodes and a table wider than 128
+        assert not len(pieces)
+        return
     assert len(pieces) and set(pieces.kind.tolist()) == {SHARDING_TYPES.index(kind)}
     _assert_formulas_equal_torchrec(monkeypatch, instance, pieces)
 

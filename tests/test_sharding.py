@@ -1,7 +1,6 @@
 """Sharded plans: cutting rules, plan validation and JSON, options and their pieces, shard costs in the
 oracles, split-aware solvers against brute force over the options, bounds, and the CLI."""
 import dataclasses
-import itertools
 import json
 
 import numpy as np
@@ -11,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shardbench.cli import main
+from benchmarks.brute import brute_force_over_options
 from costmodels import get_oracle
 from instances import (
     SHARDING_TYPES,
@@ -176,8 +176,12 @@ def test_options_respect_the_allowed_types_and_tile_their_table():
         members = pieces.members(o)
         if option.placement == "free":
             devices = np.arange(members.size) % inst.num_devices
+        elif option.placement == "node_free":  # every block on node 1's devices
+            devices = pieces.devices(o, free_devices=2 + np.arange(members.size) % 2)
         elif option.placement == "node":
             devices = pieces.devices(o, node=1, per_node=2)
+        elif option.placement == "grid":  # each block's node, block by block
+            devices = pieces.devices(o, node=np.arange(members.size // 2) % 2, per_node=2)
         else:
             devices = pieces.devices(o)
         chosen = [o if option.table == 0 else next(i for i, x in enumerate(options) if x.table == 0),
@@ -226,43 +230,6 @@ def test_analytic_prices_each_collective_on_its_links():
 
 
 # ---------------------------------------------------------------- solvers on tiny instances
-
-
-def brute_force_over_options(instance: Instance, oracle) -> float | None:
-    """The optimum over every option of every table and every device of every free piece and node."""
-    options = enumerate_options(instance)
-    op = OptionPieces.build(instance, options)
-    priced = oracle.bind(instance, op.pieces)
-    costs, storage = priced.costs, priced.storage
-    k, per_node = instance.num_devices, instance.topology.devices_per_node
-    capacity = instance.topology.capacity.as_array()
-    per_table = []
-    for t in range(instance.num_tables):
-        choices = []
-        for o, option in enumerate(options):
-            if option.table != t:
-                continue
-            members = op.members(o)
-            if option.placement == "free":
-                placements = [np.array(p) for p in itertools.product(range(k), repeat=members.size)]
-            elif option.placement == "node":
-                placements = [op.devices(o, node=n, per_node=per_node) for n in range(k // per_node)]
-            else:
-                placements = [op.devices(o)]
-            for devices in placements:
-                load = np.bincount(devices, weights=costs[members], minlength=k)
-                used = np.zeros((k, 2), dtype=np.int64)
-                np.add.at(used, devices, storage[members])
-                choices.append((load, used))
-        per_table.append(choices)
-    best = None
-    for combo in itertools.product(*per_table):
-        used = sum(c[1] for c in combo)
-        if (used > capacity).any():
-            continue
-        value = float(sum(c[0] for c in combo).max())
-        best = value if best is None else min(best, value)
-    return best
 
 
 @st.composite
@@ -400,3 +367,37 @@ def test_cli_rejects_malformed_v2_plans(tmp_path, capsys, mutate, needle):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["i.json", "p.json"]
+
+
+@st.composite
+def tiny_node_instances(draw):
+    """Tables that may only go table-column-wise or as a grid (each with table-wise beside it): TorchRec's
+    node-bound types alone, so that no option dominates them away."""
+    kind = draw(st.sampled_from(["table_column_wise", "grid_shard"]))
+    n = draw(st.integers(1, 2))
+    # A grid needs TorchRec's column cut (blocks of 128 and up) to give two blocks: tables 256 wide.
+    dim = 256 if kind == "grid_shard" else draw(st.sampled_from([8, 16]))
+    tables = tuple(make_table(f"t{i}", draw(st.integers(2, 30)), dim, draw(st.floats(0.5, 20.0))) for i in range(n))
+    total = sum(t.weight_bytes for t in tables)
+    capacity = max(1, int(total * draw(st.floats(0.3, 2.0))))
+    return Instance("nodes", tables, Topology(2, 2, capacity), Workload(batch_size=16),
+                    sharding_types=("table_wise", kind)).validate()
+
+
+@examples(20)
+@given(tiny_node_instances(), st.sampled_from(["lookup", "analytic"]))
+def test_node_bound_types_are_solved_exactly_and_by_every_splitting_solver(instance, oracle_name):
+    oracle = get_oracle(oracle_name)
+    optimum = brute_force_over_options(instance, oracle)
+    if optimum is None:
+        assert not run_solver("cpsat", instance, oracle, QUICK, 0).has_plan
+        return
+    for name in ("cpsat", "milp-highs"):
+        result = run_solver(name, instance, oracle, QUICK, 0)
+        assert result.status == Status.OPTIMAL, (name, result.reason, result.stats)
+        assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
+    for name in ("split-greedy", "local-search", "global-lf"):
+        result = run_solver(name, instance, oracle, QUICK, 0)
+        if result.has_plan:
+            result.plan.validate(instance)
+            assert optimum <= result.objective * (1 + 1e-9)

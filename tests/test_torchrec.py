@@ -25,6 +25,7 @@ from instances import (
     load_instance,
     save_instance,
 )
+from instances.model import DEFAULT_SHARDING_TYPES
 from instances.sharding import plan_to_dict, row_cuts
 from interop.common import STORAGE_RESERVE, torchrec_model
 from interop.export import from_torchrec_plan, rate_with_torchrec, to_torchrec
@@ -69,7 +70,7 @@ def test_import_from_torchrec_objects():
     a, b = instance.tables
     assert (a.rows, a.dim, a.dtype_bytes, a.pooling_factor, a.sharding_types) == (100, 32, 2, 5.0, ("row_wise", "table_wise"))
     assert a.pooling_factors == (2.0, 3.0) and a.inputs == (2.0, 3.0)  # one input per feature, as TorchRec has it
-    assert (b.dtype_bytes, b.pooling_factor, b.sharding_types, b.inputs) == (4, 1.0, None, (1.0,))
+    assert (b.dtype_bytes, b.pooling_factor, b.sharding_types, b.inputs) == (4, 1.0, DEFAULT_SHARDING_TYPES, (1.0,))
     assert (instance.topology.nodes, instance.topology.devices_per_node) == (2, 4)
     assert instance.topology.memory_bytes == int(10 * 2**30 * (1 - STORAGE_RESERVE))
     assert instance.topology.inter_node_a2a_bw == pytest.approx(topology.inter_host_bw * 1000)
@@ -344,6 +345,25 @@ def test_a_solved_plan_of_each_sharding_type_rates_the_same_in_torchrec(kind):
     assert max(rate_with_torchrec(instance, sharding_plan)) == pytest.approx(result.objective, rel=1e-9)
 
 
+@pytest.mark.parametrize("kind", ["table_column_wise", "grid_shard"])
+def test_torchrecs_node_bound_types_are_solved_exported_read_back_and_rated_the_same(kind):
+    from conftest import make_table
+
+    # Tables wider than 128, so that TorchRec's own column cut (blocks of 128 and up) gives a grid blocks.
+    tables = tuple(make_table(f"t{i}", rows, dim, pooling) for i, (rows, dim, pooling) in
+                   enumerate([(4000, 256, 8.0), (900, 384, 2.0), (300, 512, 20.0)]))
+    instance = Instance("wide", tables, Topology(2, 2, 1 << 30), Workload(batch_size=128),
+                        sharding_types=(kind,)).validate()
+    oracle = get_oracle("torchrec")
+    for solver in ("split-greedy", "cpsat"):
+        result = run_solver(solver, instance, oracle, Budget(5.0, max_rounds=20))
+        assert result.has_plan and {s.sharding_type for s in result.plan.tables} == {kind}, result.reason
+        sharding_plan = to_torchrec(instance, result.plan)
+        assert {s.sharding_type for s in sharding_plan.plan[""].values()} == {kind}
+        assert from_torchrec_plan(instance, sharding_plan) == result.plan
+        assert max(rate_with_torchrec(instance, sharding_plan)) == pytest.approx(result.objective, rel=1e-9)
+
+
 def test_export_keys_the_plan_by_module_path_and_loads_under_torch_defaults(tmp_path, capsys):
     import shardbench
 
@@ -422,17 +442,18 @@ def test_the_plan_speed_report_sets_plan_beside_torchrecs_planner(tmp_path):
 
 
 def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_path):
-    """Every sharding type on 2 CPU ranks of one node (TorchRec 1.8 runs all five there)."""
+    """Every sharding type TorchRec 1.8 runs on CPU ranks, on 2 of one node (grid_shard needs two nodes)."""
     from conftest import make_table
 
-    tables = tuple(make_table(f"t{i}", 20, 8, 1.0) for i in range(5))
+    tables = tuple(make_table(f"t{i}", 20, 8, 1.0) for i in range(6))
     instance = Instance("gloo", tables, Topology(1, 2, 1 << 30), Workload(batch_size=4)).validate()
     plan = Plan(instance.id, (
         TableSharding("table_wise", (Shard(1, (0, 20), (0, 8)),)),
         TableSharding("column_wise", (Shard(0, (0, 20), (0, 4)), Shard(1, (0, 20), (4, 8)))),
         TableSharding("row_wise", tuple(Shard(d, r, (0, 8)) for d, r in enumerate(row_cuts(20, 2)))),
         TableSharding("table_row_wise", tuple(Shard(d, r, (0, 8)) for d, r in enumerate(row_cuts(20, 2)))),
-        TableSharding("data_parallel", tuple(Shard(d, (0, 20), (0, 8)) for d in range(2))))).validate(instance)
+        TableSharding("data_parallel", tuple(Shard(d, (0, 20), (0, 8)) for d in range(2))),
+        TableSharding("table_column_wise", (Shard(1, (0, 20), (0, 4)), Shard(0, (0, 20), (4, 8)))))).validate(instance)
     save_instance(instance, tmp_path / "i.json")
     from instances import save_plan
 
@@ -441,8 +462,8 @@ def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_pa
                  str(tmp_path / "plan.pt"), "--device-type", "cpu"]) == 0
     readable = json.loads((tmp_path / "plan.sharding.json").read_text())
     assert {v["sharding_type"] for v in readable.values()} == {"table_wise", "column_wise", "row_wise",
-                                                              "table_row_wise", "data_parallel"}
+                                                              "table_row_wise", "data_parallel", "table_column_wise"}
     results = run_on_two_gloo_processes(str(tmp_path / "i.json"), str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
     for result in results:
         assert result["ok"], result
-        assert result["shape"] == [4, 40] and result["loss_finite"]
+        assert result["shape"] == [4, 48] and result["loss_finite"]
