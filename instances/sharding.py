@@ -173,6 +173,10 @@ class Plan:
             if problem is None and sharding.compute_kernel not in instance.allowed_kernels(table, sharding.sharding_type):
                 problem = (f"compute kernel {sharding.compute_kernel} is not allowed for this table"
                            + ("" if instance.topology.host_memory_bytes else " (the devices have no host memory)"))
+            if problem is None and None not in (table.cache_load_factor, sharding.cache_load_factor) and \
+                    sharding.cache_load_factor != table.cache_load_factor:
+                problem = (f"cache load factor {sharding.cache_load_factor:g} is not the {table.cache_load_factor:g} "
+                           "the instance fixes for this table")
             if problem:
                 raise PlanError(f"table {table.name}: {problem}")
         check_capacity(self.storage_per_device(instance), instance)

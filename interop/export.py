@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from instances import Instance, InstanceError, Plan, Shard, Table, TableSharding
+from instances.sharding import check_capacity
 from instances.kernels import FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR, kernel_problem
 from instances.model import SHARDING_TYPES
 
@@ -75,6 +76,7 @@ def to_torchrec_model(instance: Instance, plan: Plan, modules: list[ShardableMod
     from torchrec.distributed.types import ShardingPlan
 
     plan.validate(instance)
+    check_torchrec_storage(instance, plan)
     index = {t.name: i for i, t in enumerate(instance.tables)}
     out = {}
     for entry in modules:
@@ -90,6 +92,15 @@ def to_torchrec_model(instance: Instance, plan: Plan, modules: list[ShardableMod
                                     "way TorchRec cuts them (row blocks of ceil(rows / parts), equal column blocks)")
         out[entry.path] = module_plan
     return ShardingPlan(out)
+
+
+def check_torchrec_storage(instance: Instance, plan: Plan) -> None:
+    """Raises PlanError where a device would hold more than its memory by TorchRec's own storage estimate
+    (interop.formulas, equal to its estimator: weights, caches and each shard's input and output buffers):
+    a plan TorchRec's planner would call out of memory is not handed to it."""
+    from .oracle import TorchRecOracle
+
+    check_capacity(TorchRecOracle().storage_per_device(instance, plan), instance, " by TorchRec's storage estimate")
 
 
 def _order(shard: Shard):

@@ -289,3 +289,26 @@ def test_solvers_of_whole_tables_honour_host_memory(instance):
             assert "whole in its leanest kernel" not in result.reason, (name, result.reason)
     if optimum is not None:
         assert results["best-greedy"].has_plan, results["best-greedy"].reason
+
+
+def test_a_plan_that_contradicts_its_instance_is_refused(tmp_path, capsys):
+    # A table whose cache the instance fixes at 0.3 cannot be planned at 0.05, nor in a kernel it does not
+    # allow: show-plan and export refuse such a plan file in one line naming the table.
+    base = _tiered(GIB, GIB)
+    fixed = dataclasses.replace(base, tables=(dataclasses.replace(base.tables[0], cache_load_factor=0.3,
+                                                                  compute_kernels=(FUSED, FUSED_UVM_CACHING)),
+                                              *base.tables[1:])).validate()
+    with pytest.raises(PlanError, match="t0: cache load factor 0.05 is not the 0.3"):
+        _plan(fixed, FUSED_UVM_CACHING, 0.05).validate(fixed)
+    with pytest.raises(PlanError, match="t0: compute kernel fused_uvm is not allowed"):
+        _plan(fixed, FUSED_UVM, None).validate(fixed)
+    _plan(fixed, FUSED_UVM_CACHING, 0.3).validate(fixed)
+    save_instance(fixed, tmp_path / "i.json")
+    (tmp_path / "p.json").write_text(json.dumps(plan_to_dict(_plan(fixed, FUSED_UVM_CACHING, 0.05), fixed)))
+    for command in (["show-plan", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "--oracle", "analytic"],
+                    ["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"),
+                     "-o", str(tmp_path / "plan.pt")]):
+        assert main(command) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "t0: cache load factor 0.05" in err[0]
+    assert not (tmp_path / "plan.pt").exists()

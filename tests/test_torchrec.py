@@ -467,3 +467,39 @@ def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_pa
     for result in results:
         assert result["ok"], result
         assert result["shape"] == [4, 48] and result["loss_finite"]
+
+
+def test_no_plan_we_export_exceeds_hbm_by_torchrecs_storage_estimate(tmp_path, capsys):
+    # 8 tables of 3 M x 128 at batch 65,536: a model TorchRec runs holds its shards' input and output buffers
+    # in HBM too. Imported from a spec, every oracle's plan counts them and fits TorchRec's own estimate (or
+    # is proven not to fit); an instance that leaves them out gets a plan that export refuses, in one line.
+    from dataclasses import replace
+
+    from instances import save_plan
+    from interop.export import check_torchrec_storage
+    from interop.importer import instance_from_spec
+    from interop.oracle import TorchRecOracle
+
+    def spec(hbm: str) -> dict:
+        return {"world_size": 8, "hbm_cap": hbm, "batch_size": 65536,
+                "tables": [{"name": f"t{i}", "num_embeddings": 3_000_000, "embedding_dim": 128, "data_type": "fp16",
+                            "pooling_factors": [4.0]} for i in range(8)]}
+
+    roomy, tight = instance_from_spec(spec("1200MiB")), instance_from_spec(spec("1GiB"))
+    assert roomy.workload.io_buffers and tight.workload.io_buffers
+    for oracle in ("analytic", "torchrec"):
+        plan = run_solver("split-greedy", roomy, get_oracle(oracle), Budget(10.0), 0).plan
+        assert TorchRecOracle().storage_per_device(roomy, plan)[:, 0].max() <= roomy.topology.memory_bytes
+        check_torchrec_storage(roomy, plan)
+        assert run_solver("split-greedy", tight, get_oracle(oracle), Budget(10.0), 0).status.value == "infeasible"
+    bare = replace(tight, workload=replace(tight.workload, io_buffers=False))
+    plan = run_solver("split-greedy", bare, get_oracle("analytic"), Budget(10.0), 0).plan
+    assert TorchRecOracle().storage_per_device(bare, plan)[:, 0].max() > bare.topology.memory_bytes
+    with pytest.raises(PlanError, match="by TorchRec's storage estimate"):
+        to_torchrec(bare, plan)
+    save_instance(bare, tmp_path / "i.json")
+    save_plan(plan, bare, tmp_path / "p.json")
+    assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"),
+                 "-o", str(tmp_path / "plan.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "by TorchRec's storage estimate" in err[0] and not (tmp_path / "plan.pt").exists()
