@@ -12,7 +12,7 @@ from instances import Instance, InstanceError
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, memory_infeasibility
 
-from .portfolio import SAFETY_NET, PortfolioResult, Race, optimal_over, race_members, settle
+from .portfolio import SAFETY_NET, PortfolioResult, Race, first_plan_allowance, optimal_over, race_members, settle
 from .recommend import Rules
 
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
@@ -171,9 +171,23 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
 # ------------------------------------------------------------------ race and certify
 
 
+RESCUE = "cpsat"  # the exact model: where every heuristic dead-ends, it finds a plan whenever one fits
+
+
 def race(priced: Priced, members: tuple[str, ...], seed: int) -> Race:
-    """The members side by side, each in its own process on the priced problem (shardbench.portfolio)."""
-    return race_members(priced.problem, priced.clock, priced.seconds, members, seed)
+    """The members side by side, each in its own process on the priced problem (shardbench.portfolio). Where
+    none of them found a plan or proved there is none, and the oracle is additive, the exact model runs
+    after them on its own clock of `first_plan_allowance(budget)` seconds (so `plan` can then take longer
+    than its promise): `plan` never says "no plan" where one of its solvers can prove there is one."""
+    problem = priced.problem
+    run = race_members(problem, priced.clock, priced.seconds, members, seed)
+    settled = any(m.result is not None and (m.result.plan is not None or m.posed and m.status == "infeasible")
+                  for m in run.members)
+    if settled or RESCUE in members or not problem.oracle.additive:
+        return run
+    rescue = race_members(problem, Budget(first_plan_allowance(priced.clock.time_limit)).begun(), 0.0, (RESCUE,),
+                          seed)
+    return Race((*run.names, RESCUE), (*run.members, *rescue.members), run.stopped, priced.clock.elapsed())
 
 
 def certify(priced: Priced, run: Race, skipped: tuple[str, ...]) -> PortfolioResult:

@@ -153,3 +153,26 @@ def test_every_oracles_capabilities_are_its_class_attributes():
         if not cls.costly:
             built = get_oracle(name)
             assert isinstance(built, cls) and built.additive == cls.additive
+
+
+def test_where_every_member_dead_ends_the_exact_model_still_finds_the_plan(monkeypatch):
+    # Heuristics may dead-end where a plan fits; then the exact model runs after them, and plan says "no
+    # plan" only where none exists.
+    import shardbench.pipeline as pipeline
+    from solvers.base import _REGISTRY, Cause, NoPlan, SolveResult, Status, register
+
+    def dead_end(problem, budget, seed):
+        capacity = int(problem.instance.topology.memory_bytes)
+        return SolveResult(Status.NO_PLAN, reason="a dead end (for the test)",
+                           no_plan=NoPlan(Cause.DEAD_END, table=0, need=capacity, most_free=capacity - 1))
+
+    register("dead-end", "always dead-ends", splits=True)(dead_end)
+    monkeypatch.setattr(pipeline, "SAFETY_NET", "dead-end")
+    try:
+        report = run(PlanRequest(_split(), "lookup", budget=1.0, solvers=("dead-end",)))
+        assert report.result.plan is not None and report.result.solver == "cpsat", report.result.no_plan_reason
+        assert [m.solver for m in report.result.members][-1] == "cpsat"
+        crowded = make_instance([(1000, 64, 1.0)] * 4, 2, 200_000, "crowded")
+        assert run(PlanRequest(crowded, "lookup", budget=1.0, solvers=("dead-end",))).result.plan is None
+    finally:
+        del _REGISTRY["dead-end"]
