@@ -108,11 +108,12 @@ class PortfolioResult:
 
 
 def optimal_over(instance: Instance) -> str:
-    """What a bound of the problem as posed, and so a gap or a proven optimum, is over."""
-    tiers = " × compute kernels × cache load factors" if instance.uses_host_memory else ""
+    """What a bound of the problem as posed, and so a gap or a proven optimum, is over: cache load factors
+    are each table's enumerated ones, not every value in (0, 1]."""
+    tiers = " × compute kernels × the enumerated cache load factors" if instance.uses_host_memory else ""
     if instance.allows_splits:
         return f"the enumerated options (sharding types × shard counts{tiers})"
-    return "whole-table plans (× compute kernels × cache load factors)" if tiers else "whole-table plans"
+    return f"whole-table plans ({tiers[3:]})" if tiers else "whole-table plans"
 
 
 def _solve(name: str, problem: Problem, budget: Budget, seed: int) -> SolveResult:

@@ -282,8 +282,17 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")
     if claimed is not None and claimed > objective * (1 + 1e-9) + 1e-12:
         raise ClaimError(f"solver {name!r} claims bound {claimed} above its objective {objective}")
+    outside = problem.candidates.outside(result.plan)
+    if outside is not None:
+        # The bound is over the enumerated options; a plan off them (a peer's cache size off our grid) may
+        # lie below it, and is then neither bounded by it nor called optimal by it.
+        stats["outside_options"] = outside
+        combinatorial = None
+    if combinatorial is not None and combinatorial > objective * (1 + 1e-9) + 1e-12:
+        raise ClaimError(f"the combinatorial bound {combinatorial} lies above {name!r}'s plan of the enumerated "
+                         f"options ({objective})")
     bounds = [b for b in (claimed, combinatorial) if b is not None]
-    bound = min(max(bounds), objective) if bounds else None
+    bound = min(max(bounds), objective) if bounds else None  # float noise aside (checked above), the bound
     status, reason = result.status, result.reason
     if status not in (Status.OPTIMAL, Status.FEASIBLE):
         raise ClaimError(f"solver {name!r} returned a plan with status {status.value}")

@@ -172,6 +172,19 @@ class Candidates:
     def devices(self, o: int, free_devices=None, node: int | None = None) -> np.ndarray:
         return self.options.devices(o, free_devices, node, self.instance.topology.devices_per_node)
 
+    def outside(self, plan: Plan) -> str | None:
+        """Why the plan is not one of the enumerated options' plans (a table cut, served or cached as no
+        option is), or None: bounds over the options say nothing about such a plan."""
+        offered = {(o.table, o.sharding_type, o.parts, o.kernel, o.load_factor) for o in self.options.options}
+        for t, sharding in enumerate(plan.tables):
+            key = (t, sharding.sharding_type, len(sharding.shards), sharding.compute_kernel, sharding.cache_load_factor)
+            if key not in offered:
+                cache = (f" with a cache of {sharding.cache_load_factor:g}" if sharding.cache_load_factor is not None
+                         else "")
+                return (f"table {self.instance.tables[t].name} is {sharding.sharding_type} × {len(sharding.shards)} "
+                        f"{sharding.compute_kernel}{cache}, which no enumerated option is")
+        return None
+
     def plan(self, chosen: list[int], devices: np.ndarray) -> Plan:
         return plan_from_choice(self.instance, self.options, chosen, devices)
 

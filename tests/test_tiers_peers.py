@@ -73,3 +73,28 @@ def test_the_global_load_factor_baseline_caches_at_one_load_factor_and_keeps_a_t
         for i, sharding in enumerate(plan.tables):
             if sharding.compute_kernel == FUSED_UVM_CACHING:
                 assert sharding.cache_load_factor == (first if i == 0 else 0.2)
+
+
+def test_a_plan_off_the_enumerated_options_is_neither_bounded_nor_called_optimal_by_their_bound():
+    # TorchRec's offload proposer sizes caches off our grid (0.328, say): such a plan is priced as it is, but
+    # the bound over our options says nothing about it — none is reported for it, none clamped to it, and it
+    # is never called optimal by it.
+    from instances import Plan, Shard, TableSharding
+    from solvers.base import _REGISTRY, SolveResult, register
+
+    instance = _tight(hbm=2**30)
+
+    def off_grid(problem, budget, seed):
+        tables = tuple(TableSharding("table_wise", (Shard(i % 2, (0, t.rows), (0, t.dim)),), FUSED_UVM_CACHING, 0.328)
+                       for i, t in enumerate(problem.instance.tables))
+        return SolveResult(Status.FEASIBLE, plan=Plan(problem.instance.id, tables))
+
+    register("off-grid", "caches at 0.328", splits=True, peer=True)(off_grid)
+    try:
+        result = run_solver("off-grid", instance, get_oracle("torchrec"), Budget(5.0), 0)
+    finally:
+        del _REGISTRY["off-grid"]
+    assert result.status == Status.FEASIBLE and result.lower_bound is None
+    assert "cache of 0.328" in result.stats["outside_options"]
+    on_grid = run_solver("split-greedy", instance, get_oracle("torchrec"), Budget(5.0), 0)
+    assert "outside_options" not in on_grid.stats and on_grid.lower_bound is not None
