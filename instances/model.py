@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from .kernels import HOST_KERNELS, KERNELS, kernels_for
-from .memory import Storage, storage, stored_bytes
+from .memory import Storage, format_sizes, storage, stored_bytes
 # 2 added host memory and compute kernels, 3 each table's inputs (pooling factor per feature) and weights;
 # files of versions 1 and 2 still load.
 SCHEMA_VERSION = 3
@@ -442,8 +442,8 @@ class Instance:
                      f"({', '.join(allowed)})" + ("" if self.topology.host_memory_bytes else
                                                   "; fused_uvm and fused_uvm_caching need host memory"))
         total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
-        _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
-                 "this tool handles exactly")
+        _require(total <= MAX_TOTAL_BYTES, "tables", "need {} in all, more than the {} this tool handles "
+                 "exactly".format(*format_sizes(total, MAX_TOTAL_BYTES)))
         return self
 
 
@@ -603,8 +603,8 @@ class TieringPlan:
             if not (0 <= dp and 0 <= flex and dp + flex <= by_name[name].rows):
                 raise PlanError(f"table {name}: dp_rows {dp} + flex_rows {flex} must be within 0..{by_name[name].rows}")
         if memory_per_gpu is not None and memory_per_gpu > instance.topology.memory_bytes:
-            raise PlanError(f"predicted memory {memory_per_gpu:.0f} B per GPU exceeds the capacity "
-                            f"{instance.topology.memory_bytes} B")
+            raise PlanError("predicted memory {} per GPU exceeds the capacity {}".format(
+                *format_sizes(memory_per_gpu, instance.topology.memory_bytes)))
         return self
 
 

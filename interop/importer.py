@@ -10,6 +10,7 @@ from typing import Any, Collection, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
 from instances.kernels import FUSED_UVM_CACHING, KERNELS
+from instances.memory import format_bytes
 from instances.model import MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
 
 from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
@@ -204,7 +205,7 @@ def size_bytes(value: Any, path: str) -> int:
     if amount != amount.to_integral_value():
         raise InstanceError(path, f"must be a whole number of bytes, got {value!r}")
     if not 0 < amount <= MAX_MEMORY_BYTES:
-        raise InstanceError(path, f"must be between 1 B and {MAX_MEMORY_BYTES} B, got {value!r}")
+        raise InstanceError(path, f"must be between 1 B and {format_bytes(MAX_MEMORY_BYTES)}, got {value!r}")
     return int(amount)
 
 
@@ -212,7 +213,7 @@ def capacity_bytes(value: Any, path: str) -> int:
     """A per-device capacity: a size of at least MIN_CAPACITY."""
     size = size_bytes(value, path)
     if size < MIN_CAPACITY:
-        raise InstanceError(path, f"{size} B per device is less than 1 MiB, likely a unit mistake; give bytes or a "
+        raise InstanceError(path, f"{format_bytes(size)} per device is less than 1 MiB, likely a unit mistake; give bytes or a "
                             f"string with a unit, e.g. \"80GiB\"")
     return size
 

@@ -23,7 +23,7 @@ from instances import (
 )
 from instances.dlrm_loader import load_raw_tables
 from instances.io import check_output_path, write_json_atomic
-from instances.memory import HBM, describe, storage_fields
+from instances.memory import HBM, describe, format_bytes, storage_fields
 from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
 from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
 from solvers import (
@@ -177,11 +177,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
         pooling = np.array([t.pooling_factor for t in instance.tables])
         topo = instance.topology
         print(f"{instance.id}: {instance.num_tables} tables on {topo.nodes} node(s) × {topo.devices_per_node} "
-              f"devices, {topo.memory_bytes / 2**30:.2f} GiB of HBM each"
-              + (f" and {topo.host_memory_bytes / 2**30:.2f} GiB of host memory" if topo.host_memory_bytes else ""))
+              f"devices, {format_bytes(topo.memory_bytes)} of HBM each"
+              + (f" and {format_bytes(topo.host_memory_bytes)} of host memory" if topo.host_memory_bytes else ""))
         print(f"  provenance: {instance.provenance or '-'}")
-        print(f"  memory: {memory.sum() / 2**30:.2f} GiB in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
-              f"of capacity; largest table {memory.max() / 2**30:.3f} GiB")
+        print(f"  memory: {format_bytes(memory.sum())} in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
+              f"of capacity; largest table {format_bytes(memory.max())}")
         print(f"  rows min/median/max: {rows.min()} / {int(np.median(rows))} / {rows.max()}; "
               f"pooling mean {pooling.mean():.2f}, max {pooling.max():.2f}")
         print(f"  workload: batch {instance.workload.batch_size}, optimizer {instance.workload.optimizer}, "

@@ -18,6 +18,7 @@ from typing import Callable
 from costmodels import get_oracle
 from instances import Instance, InstanceError, Plan, save_instance, save_plan
 from instances.io import read_text
+from instances.memory import format_bytes
 from instances.model import instance_from_dict
 
 from .args import SEED, TIME_LIMIT, examples
@@ -138,9 +139,9 @@ def comparison(theirs: float, ours: float) -> str:
 def _describe(instance: Instance, where: str) -> str:
     topo = instance.topology
     weights = sum(t.rows * t.dim * t.dtype_bytes for t in instance.tables)
-    return (f"{instance.id} from {where}: {instance.num_tables} tables ({weights / 2**30:.1f} GiB of weights) on "
+    return (f"{instance.id} from {where}: {instance.num_tables} tables ({format_bytes(weights)} of weights) on "
             f"{topo.nodes} node{'s' if topo.nodes > 1 else ''} × {topo.devices_per_node} GPUs, "
-            f"{topo.memory_bytes / 2**30:.1f} GiB of HBM per GPU to plan in, "
+            f"{format_bytes(topo.memory_bytes)} of HBM per GPU to plan in, "
             f"batch {instance.workload.batch_size} per rank")
 
 

@@ -20,6 +20,7 @@ from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCo
 
 from instances import Instance, InstanceError
 from instances.kernels import HOST_KERNELS, KERNELS, kernels_for
+from instances.memory import format_bytes
 from instances.model import SHARDING_TYPES
 from interop.common import ShardableModule
 from interop.export import to_torchrec_model
@@ -179,7 +180,7 @@ class ShardbenchPlanner(ShardingPlanner):
         notes = ()
         if host and assumes_default_ddr(self._topology):
             notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "
-                     f"{instance.topology.host_memory_bytes / 2**30:g} GiB per rank was assumed, as its planner "
+                     f"{format_bytes(instance.topology.host_memory_bytes)} per rank was assumed, as its planner "
                      "assumes it; pass ddr_cap to plan with the host memory you have",)
         return instance, notes
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from costmodels import Oracle
 from instances import Instance, Plan, PlanError
-from instances.memory import HBM, HOST, over_capacity, shortfall, tier_label
+from instances.memory import HBM, HOST, format_bytes, format_sizes, over_capacity, shortfall, tier_label
 from instances.model import MAX_MEMORY_BYTES
 from instances.sharding import check_capacity
 
@@ -353,14 +353,16 @@ def memory_infeasibility(problem: Problem) -> str | None:
             over = [(candidates.storage[candidates.members(o)] - capacity).max(axis=0) for o in options]
             tier = int(np.argmax(np.max(over, axis=0)))
             need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)
-            return (f"table {table.name} needs {need} B of {tier_label(tier)} on some device in its leanest allowed "
-                    f"option, more than a device's {int(capacity[tier])} B" + _host_hint(instance, tier))
+            need_text, cap_text = format_sizes(need, capacity[tier])
+            return (f"table {table.name} needs {need_text} of {tier_label(tier)} on some device in its leanest allowed "
+                    f"option, more than a device's {cap_text}" + _host_hint(instance, tier))
     for tier in (HBM, HOST):
         total = sum(int(candidates.total_storage[ids, tier].min()) for ids in candidates.by_table)
         room = int(capacity[tier]) * instance.num_devices
         if total > room:
-            return (f"tables need {total} B of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
-                    f"{int(capacity[tier])} B = {room} B" + _host_hint(instance, tier))
+            total_text, room_text = format_sizes(total, room)
+            return (f"tables need {total_text} of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
+                    f"{format_bytes(capacity[tier])} = {room_text}" + _host_hint(instance, tier))
     return None
 
 
@@ -381,9 +383,9 @@ def whole_table_obstacle(instance: Instance) -> SolveResult | None:
         too_big = over_capacity(stored[t:t + 1], capacity)
         if "table_wise" not in instance.allowed_types(table) or too_big:
             tier = too_big[0][1] if too_big else HBM
+            need_text, cap_text = format_sizes(stored[t, tier], capacity[tier])
             why = ("does not allow table_wise" if "table_wise" not in instance.allowed_types(table)
-                   else f"needs {int(stored[t, tier])} B of {tier_label(tier)} whole, more than a device's "
-                        f"{int(capacity[tier])} B")
+                   else f"needs {need_text} of {tier_label(tier)} whole, more than a device's {cap_text}")
             return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
                                no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
     if over_capacity(stored.sum(axis=0, keepdims=True), capacity * instance.num_devices):
@@ -425,9 +427,10 @@ def stuck(instance: Instance, table: int, tracker: MemoryTracker) -> SolveResult
     name = instance.tables[table].name
     tier, most_free = shortfall(tracker.need[table], tracker.free)
     need = int(tracker.need[table, tier])
+    need_text, free_text = format_sizes(need, most_free)
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} ({need} B of {tier_label(tier)}) fits on no device: the most free {tier_label(tier)} left is "
-        f"{most_free} B (a heuristic dead end, not a proof of infeasibility)"),
+        f"table {name} ({need_text} of {tier_label(tier)}) fits on no device: the most free {tier_label(tier)} left "
+        f"is {free_text} (a heuristic dead end, not a proof of infeasibility)"),
         no_plan=NoPlan(Cause.DEAD_END, table=table, need=need, most_free=most_free, tier=tier))
 
 
