@@ -350,12 +350,22 @@ def memory_infeasibility(problem: Problem) -> str | None:
             if not options:  # an instance narrowed after validation (restricted_to) can leave a table none
                 return (f"table {table.name} has no sharding option: its allowed types "
                         f"{', '.join(instance.allowed_types(table)) or '(none)'} cannot cut it on this topology")
-            over = [(candidates.storage[candidates.members(o)] - capacity).max(axis=0) for o in options]
-            tier = int(np.argmax(np.max(over, axis=0)))
-            need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)
-            need_text, cap_text = format_sizes(need, capacity[tier])
-            return (f"table {table.name} needs {need_text} of {tier_label(tier)} on some device in its leanest allowed "
-                    f"option, more than a device's {cap_text}" + _host_hint(instance, tier))
+            # Each option overflows some tier on some device; options may overflow different tiers (in HBM
+            # whole, or in host memory), so each tier is reported with the least its options need of it.
+            short: dict[int, int] = {}
+            for o in options:
+                peak = candidates.storage[candidates.members(o)].max(axis=0)
+                for tier in np.flatnonzero(peak > capacity):
+                    short[int(tier)] = min(short.get(int(tier), int(peak[tier])), int(peak[tier]))
+            if len(short) == 1:
+                (tier, need), = short.items()
+                need_text, cap_text = format_sizes(need, capacity[tier])
+                return (f"table {table.name} needs {need_text} of {tier_label(tier)} on some device in its leanest "
+                        f"allowed option, more than a device's {cap_text}" + _host_hint(instance, tier))
+            return (f"table {table.name} fits no device in any allowed option: each needs more "
+                    + " or more ".join(f"{tier_label(tier)} than a device's {cap_text} (the leanest of those "
+                                       f"{need_text})" for tier, need in sorted(short.items())
+                                       for cap_text, need_text in [format_sizes(capacity[tier], need)]))
     for tier in (HBM, HOST):
         total = sum(int(candidates.total_storage[ids, tier].min()) for ids in candidates.by_table)
         room = int(capacity[tier]) * instance.num_devices
