@@ -146,9 +146,10 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
         raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    write_plan_files(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output, sidecar)
+    write_plan_files(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output,
+                     sidecar, instance, plan)
     print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
-          f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
+          f"written to {args.output}; readable (each table's ParameterSharding, each device's memory) in {sidecar}")
     return 0
 
 
@@ -296,7 +297,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     save_plan(result.plan, instance, args.output, report=report.record)
     print(f"plan written to {args.output}")
     if sharding_plan is not None:
-        write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out))
+        write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out), instance, result.plan)
         print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar_path(args.torchrec_out)})")
     return 0
 
@@ -314,6 +315,13 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
           f"({instance.topology.nodes} node(s) × {instance.topology.devices_per_node})")
     print(f"under {oracle.name}: max device cost {max(totals):.6g} {oracle.unit}, balance "
           f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {describe(memory.max(axis=0), capacity)}")
+    print("compute kernels: " + ", ".join(f"{k} {v}" for k, v in plan.kernels().items()))
+    if not args.brief:
+        for table, sharding in zip(instance.tables, plan.tables):
+            devices = sorted({shard.device for shard in sharding.shards})
+            cache = f", load factor {sharding.cache_load_factor:g}" if sharding.cache_load_factor is not None else ""
+            print(f"table {table.name}: {sharding.sharding_type}, {sharding.compute_kernel}{cache}, on device"
+                  f"{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}")
     shards: list[list[str]] = [[] for _ in range(instance.num_devices)]
     for table, sharding in zip(instance.tables, plan.tables):
         for shard in sharding.shards:
@@ -474,12 +482,13 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
             question.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
             question.set_defaults(func=_cmd_plan)
-    show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown",
+    show_plan = sub.add_parser("show-plan", help="a plan per table (kernel, load factor) and per device (shards, "
+                               "HBM and host memory, cost breakdown)",
                                epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))
     show_plan.add_argument("plan", help="the plan JSON")
     show_plan.add_argument("--instance", required=True, help="the instance the plan is for")
     show_plan.add_argument("--oracle", default="analytic", help="the cost oracle that prices the plan")
-    show_plan.add_argument("--brief", action="store_true", help="leave out the list of shards per device")
+    show_plan.add_argument("--brief", action="store_true", help="leave out the lines per table and the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
 
     export = sub.add_parser("export-torchrec", help="a plan as the ShardingPlan TorchRec runs (torch.save) plus a "

@@ -188,7 +188,7 @@ def run_demo(args: argparse.Namespace) -> int:
     def write(scratch: Path) -> None:
         save_instance(instance, scratch / OUTPUTS["instance"])
         save_plan(ours.plan, instance, scratch / OUTPUTS["plan"], report=report)
-        write_plan_files(sharding_plan, scratch / OUTPUTS["torchrec"], scratch / OUTPUTS["readable"])
+        write_plan_files(sharding_plan, scratch / OUTPUTS["torchrec"], scratch / OUTPUTS["readable"], instance, ours.plan)
 
     write_all(folder, write)
     print(f"\nwritten to {folder}/: {OUTPUTS['plan']} (our plan; its instance in {OUTPUTS['instance']}), "
