@@ -4,6 +4,7 @@ choose → price → race → certify → report — each returning an immutable
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from textwrap import shorten
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -15,6 +16,8 @@ from solvers.base import incompatibility, memory_infeasibility
 from .portfolio import SAFETY_NET, PortfolioResult, Race, optimal_over, race_members, settle
 from .recommend import Rules
 
+# A member's reason beside its verdict is cut to this many characters, at a word (the record keeps it whole).
+REASON_WIDTH = 160
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
 PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels"}
@@ -202,7 +205,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
         if m.objective is not None:
             line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
-        lines.append(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
+        lines.append(line + (f"  ({shorten(m.why, REASON_WIDTH, placeholder=' …')})" if m.why else ""))
     lines += [f"  skipped {skipped}" for skipped in result.skipped]
     if result.stopped_early:
         lines.append("  a proven optimum stopped the others" if request.gap == 0 else

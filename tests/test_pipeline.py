@@ -5,6 +5,8 @@ import json
 
 import pytest
 from conftest import make_instance
+from hypothesis import given
+from hypothesis import strategies as st
 
 import shardbench
 from costmodels import get_oracle
@@ -107,6 +109,23 @@ def test_report_lines_and_record_say_what_was_planned():
     assert report.record == report_record(request, instance, report.result, report.members)
     assert report.record["portfolio"] == ["split-greedy", SAFETY_NET]
     assert report.record["objective"] == report.result.objective
+
+
+@given(st.lists(st.text(st.characters(whitelist_categories=("L", "N", "P")), min_size=1, max_size=30),
+                min_size=1, max_size=40))
+def test_a_members_reason_is_cut_at_a_word_never_inside_one(words):
+    from shardbench.pipeline import REASON_WIDTH
+    from shardbench.portfolio import Member, PortfolioResult
+
+    reason = " ".join(words)
+    result = PortfolioResult(None, None, None, None, 1.0, (Member("lpt", None, 0.1, True, reason),))
+    line = report_lines(PlanRequest(_split(), "lookup"), _split(), result, "units")[1]
+    shown = line.split("  (", 1)[1].removesuffix(")")
+    if len(reason) <= REASON_WIDTH:
+        assert shown == reason
+    else:
+        kept = shown.removesuffix(" …").split(" ")
+        assert shown.endswith(" …") and len(shown) <= REASON_WIDTH and kept == words[:len(kept)]
 
 
 def test_an_instance_that_cannot_fit_runs_no_member():
