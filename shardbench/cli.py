@@ -2,66 +2,75 @@
 solvers and oracles. Errors print one line naming the problem and exit non-zero, leaving no output file."""
 from __future__ import annotations
 
-import argparse
-import functools
-import signal
 import sys
-from pathlib import Path
 
-import numpy as np
-
-from costmodels import UnknownOracleError, get_oracle, oracle_names
-from instances import (
-    InstanceError,
-    PlanError,
-    load_instance,
-    load_instances,
-    load_plan,
-    save_instance,
-    save_instance_set,
-    save_plan,
-)
-from instances.dlrm_loader import load_raw_tables
-from instances.io import check_output_path, write_json_atomic
-from instances.memory import HBM, describe, format_bytes, storage_fields
-from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
-from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
-from solvers import (
-    Budget,
-    BudgetError,
-    Problem,
-    SolverOracleMismatch,
-    UnknownSolverError,
-    get_solver,
-    option_bounds,
-    run_solver,
-    solver_names,
-)
-from solvers.bounds import gap_to_bound
-
-from .args import (
-    EXIT_ERROR,
-    GAP_HELP,
-    GAP_PERCENT,
-    POSITIVE,
-    SEED,
-    TIME_LIMIT,
-    Parser,
-    compute_kernels,
-    examples,
-    number,
-    sharding_types,
-)
-from .demo import add_command as add_demo_command
-from .planfiles import sidecar_path, write_plan_files
-from .pipeline import PlanRequest, admit, cannot_fit, narrow, run
-from .recommend import RecommenderError
-from .rows_cli import add_commands as add_row_commands
-
-EXIT_NO_PLAN = 3
 EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
+# Ctrl-C while the command is still loading (its imports take a noticeable moment) ends it as Ctrl-C does
+# anywhere else: one line, no traceback. The package's own __init__ imports nothing, so this comes first.
+try:
+    import argparse
+    import contextlib
+    import functools
+    import signal
+    import threading
+    from pathlib import Path
 
+    import numpy as np
+
+    from costmodels import UnknownOracleError, get_oracle, oracle_names
+    from instances import (
+        InstanceError,
+        PlanError,
+        load_instance,
+        load_instances,
+        load_plan,
+        save_instance,
+        save_instance_set,
+        save_plan,
+    )
+    from instances.dlrm_loader import load_raw_tables
+    from instances.io import check_output_path, plan_file, write_files_atomic, write_json_atomic
+    from instances.memory import HBM, describe, format_bytes, storage_fields
+    from instances.model import DTYPE_BYTES, OPTIMIZERS, SHARDING_TYPES, Topology, Workload
+    from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
+    from solvers import (
+        Budget,
+        BudgetError,
+        Problem,
+        SolverOracleMismatch,
+        UnknownSolverError,
+        get_solver,
+        option_bounds,
+        run_solver,
+        solver_names,
+    )
+    from solvers.bounds import gap_to_bound
+
+    from .args import (
+        EXIT_ERROR,
+        GAP_HELP,
+        GAP_PERCENT,
+        POSITIVE,
+        SEED,
+        TIME_LIMIT,
+        Parser,
+        compute_kernels,
+        examples,
+        number,
+        sharding_types,
+    )
+    from .demo import add_command as add_demo_command
+    from .planfiles import plan_files, sidecar_path, write_plan_files
+    from .pipeline import PlanRequest, admit, cannot_fit, narrow, run
+    from .recommend import RecommenderError
+    from .rows_cli import add_commands as add_row_commands
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(EXIT_INTERRUPTED) from None
+
+EXIT_NO_PLAN = 3
+EXIT_TERMINATED = 143  # as a shell reports a command ended by SIGTERM
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -289,15 +298,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if result.plan is None:
         print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
-    sharding_plan = None
-    if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
+    # Every output is made in memory first (a plan TorchRec cannot take fails here), then written all or none.
+    outputs = {args.output: plan_file(result.plan, instance, report.record)}
+    if args.torchrec_out:
         from interop.export import to_torchrec
 
         sharding_plan = to_torchrec(instance, result.plan, path=args.module_path)
-    save_plan(result.plan, instance, args.output, report=report.record)
+        outputs |= plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out), instance, result.plan)
+    write_files_atomic(outputs)
     print(f"plan written to {args.output}")
-    if sharding_plan is not None:
-        write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out), instance, result.plan)
+    if args.torchrec_out:
         print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar_path(args.torchrec_out)})")
     return 0
 
@@ -530,8 +540,42 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, tuple]:
     return (product, ()) if first in commands else (build_parser(), command_plugins())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it unwinds as from Ctrl-C: its members killed, its
+    unfinished outputs removed."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises Terminated inside (in the main thread; the previous handler comes back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Runs one command: its exit status, with bad input, no plan and interrupts each said in one line."""
+    try:
+        with _sigterm_raises():
+            return _run(sys.argv[1:] if argv is None else list(argv))
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(argv: list[str]) -> int:
     parser, plugins = _parser_for(argv)
     plugin_errors = tuple(error for plugin in plugins for error in plugin.ERRORS)
     try:
@@ -544,9 +588,6 @@ def main(argv: list[str] | None = None) -> int:
             OSError, RecommenderError, *plugin_errors) as exc:
         print(f"error: {' '.join(_describe(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
 
 def _describe(exc: Exception) -> str:

@@ -1,5 +1,5 @@
 """TorchRec plan files: a ShardingPlan saved in a form torch loads under its safe default (weights_only),
-written atomically beside its readable per-table JSON, and loaded back. The CLI, the demo and the Python
+written beside its readable JSON (both or neither), and loaded back. The CLI, the demo and the Python
 API all write and read plan files here."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from instances import Instance, Plan
-from instances.io import write_bytes_atomic, write_json_atomic
+from instances.io import json_bytes, write_files_atomic
 from instances.memory import HBM, HOST
 
 
@@ -76,11 +76,16 @@ def sidecar(sharding_plan, instance: Instance, plan: Plan) -> dict:
                         for d in range(instance.num_devices)]}
 
 
-def write_plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
-                     plan: Plan) -> None:
-    """The ShardingPlan of `plan` at `output` and its readable JSON (`sidecar`) at `readable_path`, each
-    written atomically (into memory first: torch reports a full disk as a RuntimeError, not an OSError)."""
+def plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
+               plan: Plan) -> dict[str, bytes]:
+    """The ShardingPlan of `plan` for `output` and its readable JSON (`sidecar`) for `readable_path`, as bytes
+    (serialised in memory first: torch reports a full disk as a RuntimeError, not an OSError)."""
     buffer = io.BytesIO()
     save_sharding_plan(sharding_plan, buffer)
-    write_bytes_atomic(output, buffer.getvalue())
-    write_json_atomic(readable_path, sidecar(sharding_plan, instance, plan))
+    return {str(output): buffer.getvalue(), str(readable_path): json_bytes(sidecar(sharding_plan, instance, plan))}
+
+
+def write_plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
+                     plan: Plan) -> None:
+    """`plan_files` written both or neither (instances.io.write_files_atomic)."""
+    write_files_atomic(plan_files(sharding_plan, output, readable_path, instance, plan))
