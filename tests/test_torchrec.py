@@ -441,8 +441,8 @@ def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_pa
     assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "-o",
                  str(tmp_path / "plan.pt"), "--device-type", "cpu"]) == 0
     readable = json.loads((tmp_path / "plan.sharding.json").read_text())
-    assert {v["sharding_type"] for v in readable.values()} == {"table_wise", "column_wise", "row_wise",
-                                                              "table_row_wise", "data_parallel"}
+    assert {v["sharding_type"] for v in readable["tables"].values()} == {
+        "table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel"}
     results = run_on_two_gloo_processes(str(tmp_path / "i.json"), str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
     for result in results:
         assert result["ok"], result
