@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .kernels import HOST_KERNELS, KERNELS, kernels_for
+from .kernels import FUSED_UVM_CACHING, HOST_KERNELS, KERNELS, kernels_for
 from .memory import Storage, format_sizes, storage, stored_bytes
 # 2 added host memory and compute kernels, 3 each table's inputs (pooling factor per feature) and weights;
 # files of versions 1 and 2 still load.
@@ -354,6 +354,21 @@ class Instance:
                      and (table.compute_kernels is None or k in table.compute_kernels)
                      and (k not in HOST_KERNELS or self.topology.host_memory_bytes > 0))
 
+    def cache_problem(self, table: Table) -> str | None:
+        """Why `table`'s fixed cache load factor has no use here, or None: the rule every way in (instance
+        files, specs, TorchRec's constraints) is held to. A load factor sizes the HBM cache of a table kept in
+        host memory (fused_uvm_caching), so the devices need host memory and the table that kernel."""
+        if table.cache_load_factor is None:
+            return None
+        if not self.topology.host_memory_bytes:
+            return ("a cache load factor sizes the HBM cache of a table kept in host memory, and the devices have "
+                    "none (give host_memory_bytes, or ddr_cap in a spec or a Topology)")
+        kernels = {k for kind in self.allowed_types(table) for k in self.allowed_kernels(table, kind)}
+        if FUSED_UVM_CACHING not in kernels:
+            return (f"a cache load factor is for {FUSED_UVM_CACHING} only, which its allowed kernels "
+                    f"({', '.join(k for k in KERNELS if k in kernels)}) leave out")
+        return None
+
     @property
     def uses_host_memory(self) -> bool:
         """Whether some table may live in host memory (the devices have some and a host kernel is allowed)."""
@@ -441,6 +456,8 @@ class Instance:
                      f"table {table.name} has no compute kernel for its sharding types "
                      f"({', '.join(allowed)})" + ("" if self.topology.host_memory_bytes else
                                                   "; fused_uvm and fused_uvm_caching need host memory"))
+            problem = self.cache_problem(table)
+            _require(problem is None, f"tables[{i}].cache_load_factor", f"table {table.name}: {problem}")
         total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
         _require(total <= MAX_TOTAL_BYTES, "tables", "need {} in all, more than the {} this tool handles "
                  "exactly".format(*format_sizes(total, MAX_TOTAL_BYTES)))

@@ -80,18 +80,22 @@ class PlanReport:
 
 def narrow(request: PlanRequest) -> Instance:
     """The instance, validated, planned with only the request's sharding types and compute kernels; every
-    table must keep an option."""
+    table must keep an option, and a table's fixed cache load factor its use (Instance.cache_problem)."""
     instance = request.instance.validate()
     restricted = instance.restricted_to(request.sharding_types)
     for table in restricted.tables:
         if not restricted.allowed_types(table):
             raise InstanceError(request.names["sharding_types"], f"leaves table {table.name} no sharding type it "
                                 f"allows (it allows {', '.join(instance.allowed_types(table))})")
+        if problem := restricted.cache_problem(table):
+            raise InstanceError(request.names["sharding_types"], f"table {table.name}: {problem}")
     restricted = restricted.restricted_to_kernels(request.compute_kernels)
     for table in restricted.tables:
         if not any(restricted.allowed_kernels(table, kind) for kind in restricted.allowed_types(table)):
             raise InstanceError(request.names["compute_kernels"], f"leaves table {table.name} no compute kernel for "
                                 f"its sharding types ({', '.join(restricted.allowed_types(table))})")
+        if problem := restricted.cache_problem(table):
+            raise InstanceError(request.names["compute_kernels"], f"table {table.name}: {problem}")
     return restricted
 
 

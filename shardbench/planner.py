@@ -150,13 +150,14 @@ class ShardbenchPlanner(ShardingPlanner):
         narrowed to what shardbench models; with the assumptions it rests on."""
         import dataclasses
 
-        configs, constraints, weighted = [], {}, []
+        configs, constraints, weighted, given_as = [], {}, [], {}
         device = self._topology.compute_device
         host = host_memory_bytes(self._topology) > 0
         for f in found:
             supported = f.sharder.sharding_types(device)
             for config in f.configs:
                 name = names[f.path, config.name]
+                given_as[name] = config.name
                 configs.append(dataclasses.replace(config, name=name))
                 if config.name in f.weighted:
                     weighted.append(name)
@@ -166,17 +167,15 @@ class ShardbenchPlanner(ShardingPlanner):
                 kernels = _allowed_kernels(config.name, given, kinds, host,
                                            lambda kind, s=f.sharder: s.compute_kernels(kind, device))
                 allowed = tuple(k for k in KERNELS if any(k in ks for ks in kernels.values()))
-                field = f"constraints[{config.name!r}].cache_params"
-                if not host and getattr(given.cache_params, "load_factor", None) is not None:
-                    raise InstanceError(f"{field}.load_factor", f"table {config.name}: a cache lives in front of host "
-                                        "memory, which this Topology has none of")
-                load_factor = cache_load_factor(given.cache_params, allowed, field, config.name)
+                load_factor = cache_load_factor(given.cache_params, f"constraints[{config.name!r}].cache_params",
+                                                config.name)
                 constraints[name] = ParameterConstraints(
                     sharding_types=list(kernels), pooling_factors=given.pooling_factors,
                     compute_kernels=list(allowed),
                     cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
         instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
-                                 instance_id="torchrec-model", weighted=weighted, reserved=True)
+                                 instance_id="torchrec-model", weighted=weighted, reserved=True,
+                                 load_factor_field=lambda _, n: f"constraints[{given_as[n]!r}].cache_params.load_factor")
         notes = ()
         if host and assumes_default_ddr(self._topology):
             notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "

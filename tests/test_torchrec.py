@@ -160,9 +160,13 @@ def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
                                                                                   "ctx: must be a number in (0, 1]"),
                            (lambda s: s["tables"][2].update(cache_load_factor=float("nan")),
                             "tables[2].cache_load_factor"),
-                           (lambda s: s["tables"][2].update(cache_load_factor=0.2, compute_kernels=["fused"]),
+                           (lambda s: s.update(ddr_cap="64GiB") or s["tables"][2].update(cache_load_factor=0.2,
+                                                                                          compute_kernels=["fused"]),
                             "tables[2].cache_load_factor: table ctx: a cache load factor is for fused_uvm_caching "
                             "only"),
+                           (lambda s: s["tables"][2].update(cache_load_factor=0.2),
+                            "tables[2].cache_load_factor: table ctx: a cache load factor sizes the HBM cache of a "
+                            "table kept in host memory, and the devices have none"),
                            (lambda s: s.update(ssd_cap=12), "ssd_cap: 12 B per device is less than 1 MiB"),
                            (lambda s: s.update(optimizer="lamb"), "optimizer: must be one of"),
                            (lambda s: s.update(world_size=10**7), "world_size: 10000000 devices is more than"),
