@@ -199,13 +199,13 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels"}
+CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels", "solvers": "--solvers"}
 
 
 def _request(args: argparse.Namespace) -> PlanRequest:
     """The planning request the command's arguments make (solve, recommend and plan narrow alike)."""
     return PlanRequest(load_instance(args.instance), args.oracle, budget=args.budget, gap=getattr(args, "gap", 0.0) / 100,
-                       solvers=tuple(args.solvers) if getattr(args, "solvers", None) else None,
+                       solvers=tuple(args.solvers) if getattr(args, "solvers", None) is not None else None,
                        seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
                        compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
 
@@ -486,7 +486,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save) and, beside "
                                   "it, its readable .sharding.json (default: not written)")
             question.add_argument("--module-path", type=module_path, default="", help=MODULE_PATH_HELP)
-            question.add_argument("--solvers", type=lambda v: [s for s in v.split(",") if s],
+            question.add_argument("--solvers", type=lambda v: [s.strip() for s in v.split(",") if s.strip()],
                                   help="run these instead of the recommendation, comma-separated (default: the "
                                   "recommended portfolio)")
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")

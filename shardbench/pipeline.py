@@ -20,7 +20,7 @@ from .recommend import Rules
 REASON_WIDTH = 160
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
-PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels"}
+PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers"}
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,8 @@ def admit(request: PlanRequest, instance: Instance) -> Admitted:
     the members the oracle rules out are named with the reason."""
     Budget(request.budget, gap=request.gap)
     check_seed(request.seed)
+    if request.solvers is not None and not request.solvers:
+        raise InstanceError(request.names["solvers"], "names no solver (leave it out for the recommended portfolio)")
     for name in request.solvers or ():
         get_solver(name)
     check_oracle(instance, request.oracle)

@@ -66,6 +66,30 @@ def test_admit_checks_names_oracle_and_fit_before_anything_is_priced():
         admit(PlanRequest(tiered, "lookup"), tiered)
 
 
+@pytest.mark.parametrize("argv,python,field", [
+    (["--solvers", ""], {"solvers": []}, "solvers"),
+    (["--solvers", ","], {"solvers": ()}, "solvers"),
+    (["--seed", "-1"], {"seed": -1}, "seed"),
+    (["--compute-kernels", "fused,dense"], {"compute_kernels": ("fused", "dense")}, "compute_kernels")],
+    ids=["no solvers", "only commas", "seed -1", "a load factor left no cache"])
+def test_a_bad_request_is_refused_by_name_from_the_cli_and_from_python(argv, python, field, tmp_path, capsys):
+    instance = _split()
+    if field == "compute_kernels":  # a fixed cache load factor, on devices with host memory
+        from dataclasses import replace
+
+        instance = replace(instance, tables=(replace(instance.tables[0], cache_load_factor=0.2), *instance.tables[1:]),
+                           topology=replace(instance.topology, host_memory_bytes=10**9)).validate()
+    path = tmp_path / "i.json"
+    save_instance(instance, path)
+    assert main(["plan", str(path), "--oracle", "analytic", "-o", str(tmp_path / "p.json"), *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and argv[0] in err[0], err
+    with pytest.raises(Exception) as error:
+        run(PlanRequest(instance, "analytic", budget=1.0, **python))
+    assert str(error.value).startswith(f"{field}:"), str(error.value)
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_choose_takes_the_given_solvers_or_the_recommendation():
     instance = _split()
     given = PlanRequest(instance, "lookup", solvers=("lpt", "split-greedy"))

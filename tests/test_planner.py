@@ -198,6 +198,30 @@ def test_a_load_factor_a_table_cannot_use_gets_one_verdict_on_every_path(case, t
     assert ("devices have none" if case == "no host memory" else "leave out") in reasons["spec"][1]
 
 
+def test_empty_pooling_factors_are_refused_by_name_on_every_path(tmp_path):
+    import json
+
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from instances import instance_to_dict, load_instance
+    from interop.importer import instance_from_spec
+
+    spec = {"world_size": 4, "local_world_size": 2, "hbm_cap": 2 * 2**30, "batch_size": 256,
+            "tables": [{"name": "t4", "num_embeddings": 1000, "embedding_dim": 64}]}
+    with pytest.raises(InstanceError, match=r"^tables\[0\]\.pooling_factors: table t4: must be a non-empty list"):
+        instance_from_spec({**spec, "tables": [{**spec["tables"][0], "pooling_factors": []}]})
+    doc = instance_to_dict(instance_from_spec(spec))
+    doc["tables"][0]["pooling_factors"] = []
+    doc["schema_version"] = 3
+    (tmp_path / "i.json").write_text(json.dumps(doc))
+    with pytest.raises(InstanceError, match=r"tables\[0\]\.pooling_factors: must be a non-empty list"):
+        load_instance(tmp_path / "i.json")
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256,
+                                           constraints={"t4": ParameterConstraints(pooling_factors=[])})
+    with pytest.raises(InstanceError, match=r"^constraints\['t4'\]\.pooling_factors: table t4: must be a non-empty"):
+        planner.plan(_dlrm_six_tables(), _sharders())
+
+
 def test_a_model_larger_than_hbm_plans_with_host_kernels_given_ddr_cap_and_rates_so_in_torchrec():
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.types import PlannerError
