@@ -62,7 +62,17 @@ try:
     )
     from .demo import add_command as add_demo_command
     from .planfiles import plan_files, sidecar_path, write_plan_files
-    from .pipeline import PlanRequest, admit, cannot_fit, narrow, run
+    from .pipeline import (
+        DEFAULT_ORACLE,
+        FALLBACK_ORACLE,
+        PlanRequest,
+        admit,
+        cannot_fit,
+        default_oracle,
+        narrow,
+        plan_request,
+        run,
+    )
     from .recommend import RecommenderError
     from .rows_cli import add_commands as add_row_commands
 except KeyboardInterrupt:
@@ -141,6 +151,8 @@ def module_path(text: str) -> str:
     return text
 
 
+ORACLE_DEFAULT = (f"default: {DEFAULT_ORACLE}, TorchRec's own estimator, or {FALLBACK_ORACLE} where TorchRec cannot "
+                  "be imported")
 MODULE_PATH_HELP = ("the path of the tables' module in the model, the ShardingPlan's key "
                     "(e.g. sparse_arch.embedding_bag_collection; default: \"\", the model itself)")
 
@@ -204,17 +216,24 @@ CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute
 
 def _request(args: argparse.Namespace) -> PlanRequest:
     """The planning request the command's arguments make (solve, recommend and plan narrow alike)."""
-    return PlanRequest(load_instance(args.instance), args.oracle, budget=args.budget, gap=getattr(args, "gap", 0.0) / 100,
-                       solvers=tuple(args.solvers) if getattr(args, "solvers", None) is not None else None,
-                       seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
-                       compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
+    return plan_request(load_instance(args.instance), args.oracle, budget=args.budget,
+                        gap=getattr(args, "gap", 0.0) / 100, solvers=getattr(args, "solvers", None),
+                        seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
+                        compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
+
+
+def _say_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        print(f"note: {note}")
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o")
-    instance = narrow(_request(args))
-    oracle = get_oracle(args.oracle)
+    request = _request(args)
+    _say_notes(request.notes)
+    instance = narrow(request)
+    oracle = get_oracle(request.oracle)
     problem = Problem(instance, oracle)  # priced once: by the solver, then asked for the bounds printed below
     result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed,
                         problem=problem)
@@ -254,19 +273,20 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from .workloads import workload_features
 
     request = _request(args)
+    _say_notes(request.notes)
     admitted = admit(request, narrow(request))
     instance = admitted.instance
     if admitted.unfit:
         print(f"no plan: {instance.id} cannot fit: {admitted.unfit}", file=sys.stderr)
         return EXIT_NO_PLAN
     rules = Rules.load(args.rules) if args.rules else Rules.load()
-    features = workload_features(instance, args.oracle, args.budget)
+    features = workload_features(instance, request.oracle, args.budget)
     ranking, source = rules.recommend(features)
     if not ranking:
-        print(f"no evidence for a solver that applies to {instance.id} under {args.oracle}", file=sys.stderr)
+        print(f"no evidence for a solver that applies to {instance.id} under {request.oracle}", file=sys.stderr)
         return EXIT_ERROR
     chosen = ranking[:PORTFOLIO_SIZE]
-    print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
+    print(f"{instance.id} under {request.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
           f"devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
           f"{' with host memory' if features.host_memory else ''}, heaviest table "
           f"{features.heaviest:.2f}× the balanced load, cost CV {features.cost_cv:.2f}, "
@@ -315,7 +335,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_show_plan(args: argparse.Namespace) -> int:
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    oracle = get_oracle(args.oracle)
+    name, notes = (args.oracle, ()) if args.oracle else default_oracle()
+    _say_notes(notes)
+    oracle = get_oracle(name)
     costs = oracle.device_costs(instance, plan)
     memory = plan.storage_per_device(instance)
     capacity = instance.topology.capacity
@@ -453,7 +475,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                            "-o plan.json"))
     solve.add_argument("instance", help="the instance JSON")
     solve.add_argument("--solver", required=True, help="a solver name (see `shardbench solvers`)")
-    solve.add_argument("--oracle", default="lookup", help="the cost oracle (see `shardbench oracles`)")
+    solve.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
     solve.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
                        help="seconds the solver may take")
     solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
@@ -472,7 +494,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
              "shardbench plan instance.json --budget 30 -o plan.json --torchrec-out plan.pt")):
         question = sub.add_parser(name, help=help_text, epilog=examples(example))
         question.add_argument("instance", help="the instance JSON")
-        question.add_argument("--oracle", default="analytic", help="the cost oracle (see `shardbench oracles`)")
+        question.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
         question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
         question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
                               "(default: the instance's)")
@@ -497,7 +519,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))
     show_plan.add_argument("plan", help="the plan JSON")
     show_plan.add_argument("--instance", required=True, help="the instance the plan is for")
-    show_plan.add_argument("--oracle", default="analytic", help="the cost oracle that prices the plan")
+    show_plan.add_argument("--oracle", help=f"the cost oracle that prices the plan ({ORACLE_DEFAULT})")
     show_plan.add_argument("--brief", action="store_true", help="leave out the lines per table and the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
 

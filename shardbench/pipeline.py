@@ -16,11 +16,30 @@ from solvers.base import incompatibility, memory_infeasibility
 from .portfolio import SAFETY_NET, PortfolioResult, Race, optimal_over, race_members, settle
 from .recommend import Rules
 
+# The cost model every entry point plans under unless told otherwise (the CLI's --oracle, the oracle= of
+# shardbench.plan and ShardbenchPlanner): TorchRec's own estimator, so that a plan is judged as TorchRec
+# judges it.
+DEFAULT_ORACLE = "torchrec"
+# Where TorchRec cannot be imported, the analytic bandwidth model stands in (and the result's notes say so).
+FALLBACK_ORACLE = "analytic"
 # A member's reason beside its verdict is cut to this many characters, at a word (the record keeps it whole).
 REASON_WIDTH = 160
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
 PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers"}
+
+
+def default_oracle() -> tuple[str, tuple[str, ...]]:
+    """The oracle for a request that names none, with what that assumed: DEFAULT_ORACLE where TorchRec can
+    be imported, else FALLBACK_ORACLE and a note saying so."""
+    from interop.common import load_torchrec
+
+    try:
+        load_torchrec()
+    except (ImportError, OSError) as exc:
+        return FALLBACK_ORACLE, (f"oracle: TorchRec cannot be imported here ({' '.join(str(exc).split())}), so "
+                                 f"{FALLBACK_ORACLE} prices the plan; name an oracle to choose another",)
+    return DEFAULT_ORACLE, ()
 
 
 @dataclass(frozen=True)
@@ -277,7 +296,13 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     return PlanReport(instance, result, entered, tuple(lines), report_record(request, instance, result, entered))
 
 
-def plan_request(instance: Instance, oracle: str, **options) -> PlanRequest:
-    """A request with the solvers given as any sequence (kept as a tuple)."""
+def plan_request(instance: Instance, oracle: str | None, **options) -> PlanRequest:
+    """A request with the solvers given as any sequence (kept as a tuple), under the default oracle where
+    `oracle` is None."""
     solvers = options.pop("solvers", None)
-    return replace(PlanRequest(instance, oracle, **options), solvers=None if solvers is None else tuple(solvers))
+    notes = options.pop("notes", ())
+    if oracle is None:
+        oracle, assumed = default_oracle()
+        notes = (*notes, *assumed)
+    return replace(PlanRequest(instance, oracle, notes=tuple(notes), **options),
+                   solvers=None if solvers is None else tuple(solvers))

@@ -27,7 +27,7 @@ from interop.export import to_torchrec_model
 from interop.common import STORAGE_RESERVE
 from interop.importer import assumes_default_ddr, cache_load_factor, from_torchrec, host_memory_bytes
 
-from .pipeline import plan_request, run
+from .pipeline import DEFAULT_ORACLE, plan_request, run
 from .portfolio import PortfolioResult
 
 MODELLED = (EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBagCollection)
@@ -87,7 +87,7 @@ class ShardbenchPlanner(ShardingPlanner):
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
-                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
+                 oracle: str = DEFAULT_ORACLE, solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
                  storage_reservation: StorageReservation | None = None) -> None:
         self._topology = topology
         self._batch_size = batch_size if batch_size else BATCH_SIZE

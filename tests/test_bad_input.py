@@ -61,7 +61,7 @@ def _writers(work):
     (work / "suite.toml").write_text(toml_text(_suite_doc()))
     instance, out = str(work / "instance.json"), work / "out"
     return {
-        "solve": lambda o: ["solve", instance, "--solver", "lpt", "-o", str(o / "plan.json")],
+        "solve": lambda o: ["solve", instance, "--solver", "lpt", "--oracle", "lookup", "-o", str(o / "plan.json")],
         "plan": lambda o: ["plan", instance, "--oracle", "lookup", "--budget", "0.5", "--solvers", "lpt",
                            "-o", str(o / "plan.json")],
         "export-torchrec": lambda o: ["export-torchrec", str(work / "plan.json"), "--instance",
@@ -242,7 +242,8 @@ def test_a_table_left_without_an_option_is_a_proven_no_plan_not_a_crash(tmp_path
     """Narrowing the types after validation (--sharding-types) can still leave a table no option."""
     file = tmp_path / "instance.json"
     file.write_text(_instance_doc(_only(["row_wise", "column_wise"], dim=6)))
-    assert main(["solve", str(file), "--solver", "lpt", "--sharding-types", "table_wise,column_wise"]) == 3
+    assert main(["solve", str(file), "--solver", "lpt", "--oracle", "lookup",
+                 "--sharding-types", "table_wise,column_wise"]) == 3
     captured = capsys.readouterr()
     assert "table b has no sharding option" in captured.out + captured.err and "Traceback" not in captured.err
 
@@ -270,7 +271,7 @@ def _pooled_instance_and_plan(tmp_path, shards):
 def test_a_cut_torchrec_does_not_make_is_refused_by_show_plan_and_export(shards, message, tmp_path, capsys):
     plan, instance = _pooled_instance_and_plan(tmp_path, shards)
     out = tmp_path / "plan.pt"
-    for argv in (["show-plan", str(plan), "--instance", str(instance)],
+    for argv in (["show-plan", str(plan), "--instance", str(instance), "--oracle", "analytic"],
                  ["export-torchrec", str(plan), "--instance", str(instance), "-o", str(out)]):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip().splitlines()

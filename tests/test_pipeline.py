@@ -160,7 +160,11 @@ def test_an_instance_that_cannot_fit_runs_no_member():
 
 
 def test_the_cli_and_python_give_the_same_plan_for_a_deterministic_member(tmp_path):
-    instance = _split()
+    """Both on their defaults: one oracle (TorchRec's estimator, installed here) and one unit of gap."""
+    from shardbench.pipeline import DEFAULT_ORACLE
+
+    # Room for TorchRec's storage estimate, which counts input and output buffers at the batch size too.
+    instance = make_instance([(64, 16, 50.0)] + [(10, 4, 1.0)] * 6, 4, 2**32, "split", types=SHARDING_TYPES)
     path = tmp_path / "i.json"
     save_instance(instance, path)
     out = tmp_path / "p.json"
@@ -169,7 +173,27 @@ def test_the_cli_and_python_give_the_same_plan_for_a_deterministic_member(tmp_pa
     from instances import load_plan
 
     assert load_plan(out, instance) == python.plan
-    assert json.loads(out.read_text())["report"]["oracle"] == "analytic"
+    report = json.loads(out.read_text())["report"]
+    assert report["oracle"] == DEFAULT_ORACLE == "torchrec" and python.notes == ()
+
+
+def test_without_torchrec_the_default_falls_back_and_says_so(monkeypatch, tmp_path, capsys):
+    import interop.common
+    from shardbench.pipeline import FALLBACK_ORACLE
+
+    def missing():
+        raise ImportError("No module named 'torchrec'")
+
+    monkeypatch.setattr(interop.common, "load_torchrec", missing)
+    result = shardbench.plan(_split(), budget=1.0, solvers=["lpt"])
+    assert result.plan is not None and len(result.notes) == 1
+    assert result.notes[0].startswith("oracle: TorchRec cannot be imported here (No module named 'torchrec'), so "
+                                      f"{FALLBACK_ORACLE} prices the plan")
+    path = tmp_path / "i.json"
+    save_instance(_split(), path)
+    assert main(["plan", str(path), "--budget", "1", "--solvers", "lpt", "-o", str(tmp_path / "p.json")]) == 0
+    assert capsys.readouterr().out.startswith(f"note: {result.notes[0]}\nsplit under {FALLBACK_ORACLE},")
+    assert json.loads((tmp_path / "p.json").read_text())["report"]["oracle"] == FALLBACK_ORACLE
 
 
 def test_the_registries_resolve_torchrec_entries_whatever_was_imported_first():
