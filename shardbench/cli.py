@@ -50,13 +50,13 @@ try:
     from .args import (
         EXIT_ERROR,
         GAP_HELP,
-        GAP_PERCENT,
         POSITIVE,
         SEED,
         TIME_LIMIT,
         Parser,
         compute_kernels,
         examples,
+        gap_fraction,
         number,
         sharding_types,
     )
@@ -217,7 +217,7 @@ CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute
 def _request(args: argparse.Namespace) -> PlanRequest:
     """The planning request the command's arguments make (solve, recommend and plan narrow alike)."""
     return plan_request(load_instance(args.instance), args.oracle, budget=args.budget,
-                        gap=getattr(args, "gap", 0.0) / 100, solvers=getattr(args, "solvers", None),
+                        gap=getattr(args, "gap", 0.0), solvers=getattr(args, "solvers", None),
                         seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
                         compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
 
@@ -235,7 +235,7 @@ def _cmd_solve(args: argparse.Namespace) -> int:
     instance = narrow(request)
     oracle = get_oracle(request.oracle)
     problem = Problem(instance, oracle)  # priced once: by the solver, then asked for the bounds printed below
-    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed,
+    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap), args.seed,
                         problem=problem)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
           f"{result.status.value}")
@@ -479,7 +479,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     solve.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
                        help="seconds the solver may take")
     solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
-    solve.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
+    solve.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
     solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
                        "comma-separated or 'all' (default: the instance's)")
     solve.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
@@ -495,7 +495,8 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
         question = sub.add_parser(name, help=help_text, epilog=examples(example))
         question.add_argument("instance", help="the instance JSON")
         question.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
-        question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
+        question.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
+                              help="seconds the portfolio may take")
         question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
                               "(default: the instance's)")
         question.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
@@ -512,7 +513,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                   help="run these instead of the recommendation, comma-separated (default: the "
                                   "recommended portfolio)")
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
-            question.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
+            question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
             question.set_defaults(func=_cmd_plan)
     show_plan = sub.add_parser("show-plan", help="a plan per table (kernel, load factor) and per device (shards, "
                                "HBM and host memory, cost breakdown)",
