@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     parser = Parser(prog="python -m benchmarks.plan_speed", description=__doc__.splitlines()[0])
     parser.add_argument("instances", help="an instance set folder")
     parser.add_argument("--budget", type=TIME_LIMIT, default=1.0, help="plan's budget, seconds")
-    parser.add_argument("--gap", type=gap_fraction, default=0.0, help="plan's --gap: a fraction of the bound, or a percentage")
+    parser.add_argument("--gap", type=gap_fraction, default=0.0,
+                        help="plan's --gap: a fraction of the bound, or a percentage")
     parser.add_argument("--limit", type=POSITIVE, default=None, help="only the first N instances (default: all)")
     parser.add_argument("--store", type=Path, help="records written here (default: "
                         "benchmarks/results/plan-speed-SET.jsonl, SET the folder's name)")

@@ -217,8 +217,8 @@ def capacity_bytes(value: Any, path: str) -> int:
     """A per-device capacity: a size of at least MIN_CAPACITY."""
     size = size_bytes(value, path)
     if size < MIN_CAPACITY:
-        raise InstanceError(path, f"{format_bytes(size)} per device is less than 1 MiB, likely a unit mistake; give bytes or a "
-                            f"string with a unit, e.g. \"80GiB\"")
+        raise InstanceError(path, f"{format_bytes(size)} per device is less than 1 MiB, likely a unit mistake; give "
+                            "bytes or a string with a unit, e.g. \"80GiB\"")
     return size
 
 

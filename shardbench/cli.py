@@ -202,8 +202,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
               f"devices, {format_bytes(topo.memory_bytes)} of HBM each"
               + (f" and {format_bytes(topo.host_memory_bytes)} of host memory" if topo.host_memory_bytes else ""))
         print(f"  provenance: {instance.provenance or '-'}")
-        print(f"  memory: {format_bytes(memory.sum())} in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
-              f"of capacity; largest table {format_bytes(memory.max())}")
+        print(f"  memory: {format_bytes(memory.sum())} in all, "
+              f"{memory.sum() / topo.memory_bytes / instance.num_devices:.1%} of capacity; largest table "
+              f"{format_bytes(memory.max())}")
         print(f"  rows min/median/max: {rows.min()} / {int(np.median(rows))} / {rows.max()}; "
               f"pooling mean {pooling.mean():.2f}, max {pooling.max():.2f}")
         print(f"  workload: batch {instance.workload.batch_size}, optimizer {instance.workload.optimizer}, "
@@ -286,8 +287,8 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
         print(f"no evidence for a solver that applies to {instance.id} under {request.oracle}", file=sys.stderr)
         return EXIT_ERROR
     chosen = ranking[:PORTFOLIO_SIZE]
-    print(f"{instance.id} under {request.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
-          f"devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
+    print(f"{instance.id} under {request.oracle}, budget {args.budget:g} s: {features.tables} tables, "
+          f"{features.devices} devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
           f"{' with host memory' if features.host_memory else ''}, heaviest table "
           f"{features.heaviest:.2f}× the balanced load, cost CV {features.cost_cv:.2f}, "
           f"{features.split_share:.0%} of tables worth splitting, {'additive' if features.additive else 'non-additive'} oracle")
@@ -521,7 +522,8 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
     show_plan.add_argument("plan", help="the plan JSON")
     show_plan.add_argument("--instance", required=True, help="the instance the plan is for")
     show_plan.add_argument("--oracle", help=f"the cost oracle that prices the plan ({ORACLE_DEFAULT})")
-    show_plan.add_argument("--brief", action="store_true", help="leave out the lines per table and the list of shards per device")
+    show_plan.add_argument("--brief", action="store_true",
+                           help="leave out the lines per table and the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
 
     export = sub.add_parser("export-torchrec", help="a plan as the ShardingPlan TorchRec runs (torch.save) plus a "

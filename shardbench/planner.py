@@ -173,9 +173,10 @@ class ShardbenchPlanner(ShardingPlanner):
                     sharding_types=list(kernels), pooling_factors=given.pooling_factors,
                     compute_kernels=list(allowed),
                     cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
-        instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
-                                 instance_id="torchrec-model", weighted=weighted, reserved=True,
-                                 load_factor_field=lambda _, n: f"constraints[{given_as[n]!r}].cache_params.load_factor")
+        instance = from_torchrec(
+            configs, self._reserved(model, sharders), constraints, self._batch_size, instance_id="torchrec-model",
+            weighted=weighted, reserved=True,
+            load_factor_field=lambda _, n: f"constraints[{given_as[n]!r}].cache_params.load_factor")
         notes = ()
         if host and assumes_default_ddr(self._topology):
             notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "

@@ -165,7 +165,8 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         moved = reshard(old, target, rows)
         naive = rehash_rows_moved(table.rows, args.trainers, args.reshard_to)
         print(f"  reshard {args.trainers} -> {args.reshard_to} trainers: {moved.rows_moved} rows "
-              f"({format_bytes(moved.rows_moved * row_bytes)}, {moved.rows_moved / table.rows:.1%}) move, vs {naive} rows "
+              f"({format_bytes(moved.rows_moved * row_bytes)}, {moved.rows_moved / table.rows:.1%}) move, vs {naive} "
+              "rows "
               f"({format_bytes(naive * row_bytes)}, {naive / table.rows:.1%}) when every id is re-hashed")
         plan = BucketPlan(instance.id, table.name, tuple(int(b) for b in target),
                           tuple(int(t) for t in moved.trainer_of_range)).validate(instance)

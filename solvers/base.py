@@ -371,8 +371,8 @@ def memory_infeasibility(problem: Problem) -> str | None:
         room = int(capacity[tier]) * instance.num_devices
         if total > room:
             total_text, room_text = format_sizes(total, room)
-            return (f"tables need {total_text} of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
-                    f"{format_bytes(capacity[tier])} = {room_text}" + _host_hint(instance, tier))
+            return (f"tables need {total_text} of {tier_label(tier)} in all, more than {instance.num_devices} "
+                    f"devices × {format_bytes(capacity[tier])} = {room_text}" + _host_hint(instance, tier))
     return None
 
 

@@ -257,7 +257,8 @@ def test_cli_errors_exit_nonzero_without_output(tmp_path, capsys):
     assert "infeasible" in capsys.readouterr().out and not plan.exists()
     assert main(["solve", str(tmp_path / "inf.json"), "--solver", "nope", "--oracle", "lookup", "-o", str(plan)]) == 2
     assert "unknown solver" in capsys.readouterr().err and not plan.exists()
-    assert main(["solve", str(tmp_path / "missing.json"), "--solver", "lpt", "--oracle", "lookup", "-o", str(plan)]) == 2
+    assert main(["solve", str(tmp_path / "missing.json"), "--solver", "lpt", "--oracle", "lookup",
+                 "-o", str(plan)]) == 2
     assert "cannot read" in capsys.readouterr().err and not plan.exists()
     assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "--oracle", "zzz", "-o", str(plan)]) == 2
     assert "unknown oracle" in capsys.readouterr().err

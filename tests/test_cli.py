@@ -53,7 +53,8 @@ def test_defaults_are_shown_in_the_help(capsys):
 
 
 @pytest.mark.parametrize("command", [["solve", "i.json", "--solver", "lpt"], ["recommend", "i.json"],
-                                     ["plan", "i.json", "-o", "p.json"], ["show-plan", "p.json", "--instance", "i.json"]])
+                                     ["plan", "i.json", "-o", "p.json"],
+                                     ["show-plan", "p.json", "--instance", "i.json"]])
 def test_every_command_with_an_oracle_defaults_to_the_one_python_uses(command):
     """The CLI leaves the default to the pipeline, which shardbench.plan and ShardbenchPlanner share."""
     import inspect

@@ -1,9 +1,5 @@
-"""`plan` interrupted for real (a subprocess sent SIGINT or SIGTERM) while it loads, while its members race,
-while it converts the plan for TorchRec and between writing its outputs: one line, exit 130 (143 for
-SIGTERM; a SIGTERM while the command still loads ends it as SIGTERM does, silently), no traceback, no
-member left running, and no output at all — neither a plan.json without its TorchRec files nor a
-temporary. SIGKILL cannot be cleaned up after: its temporaries are hidden, carry its
-pid, and the next write of the same output sweeps them."""
+"""`plan` signalled for real (SIGINT, SIGTERM) while it loads, races, converts and writes: one line, exit 130
+or 143, no traceback, no member left, no output nor temporary; SIGKILL's marked leftovers go at the next write."""
 import re
 import signal
 import subprocess

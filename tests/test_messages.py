@@ -60,6 +60,7 @@ def test_a_plan_over_capacity_says_by_how_much_in_binary_units():
     with pytest.raises(PlanError) as caught:
         plan.validate(Instance(instance.id, instance.tables, Topology(1, 2, 6 * MIB), instance.workload))
     message = str(caught.value)
-    assert message.startswith("memory capacity (HBM 6 MiB per device) exceeded: device 0 uses 6.1") and " B" not in message
+    assert message.startswith("memory capacity (HBM 6 MiB per device) exceeded: device 0 uses 6.1")
+    assert " B" not in message
     used = int(plan.storage_per_device(instance)[0, 0])
     assert np.isclose(float(message.split("uses ")[1].split(" MiB")[0]), used / MIB, atol=0.01)

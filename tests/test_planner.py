@@ -173,7 +173,8 @@ def test_a_load_factor_a_table_cannot_use_gets_one_verdict_on_every_path(case, t
     host = case == "fused only"
     kernels = ["fused"] if case == "fused only" else None
     spec = {"world_size": 4, "local_world_size": 2, "hbm_cap": 2 * 2**30, "batch_size": 256,
-            "tables": [{"name": "t4", "num_embeddings": 800_000, "embedding_dim": 64}], **({"ddr_cap": "16GiB"} if host else {})}
+            "tables": [{"name": "t4", "num_embeddings": 800_000, "embedding_dim": 64}],
+            **({"ddr_cap": "16GiB"} if host else {})}
     reasons = {}
     with pytest.raises(InstanceError) as error:
         instance_from_spec({**spec, "tables": [{**spec["tables"][0], "cache_load_factor": 0.2,

@@ -219,10 +219,12 @@ def test_the_cli_and_python_share_the_gap_unit_and_plan_takes_time_limit_as_solv
     from shardbench.cli import build_parser
 
     parser = build_parser()
-    for command in (["plan", "i.json", "-o", "p.json"], ["solve", "i.json", "--solver", "lpt"], ["recommend", "i.json"]):
+    for command in (["plan", "i.json", "-o", "p.json"], ["solve", "i.json", "--solver", "lpt"],
+                    ["recommend", "i.json"]):
         assert parser.parse_args([*command, "--time-limit", "3"]).budget == 3.0
         if command[0] != "recommend":
-            assert parser.parse_args([*command, "--gap", "0.5%"]).gap == parser.parse_args([*command, "--gap", "0.005"]).gap
+            percent, fraction = (parser.parse_args([*command, "--gap", g]).gap for g in ("0.5%", "0.005"))
+            assert percent == fraction == 0.005
     path = tmp_path / "i.json"
     instance = make_instance([(10, 4, 1.0), (20, 4, 2.0)], 2, 10**6)
     save_instance(instance, path)
