@@ -21,7 +21,7 @@ from instances.io import check_output_path, write_text_atomic
 from interop.common import load_torchrec
 from interop.peer import plan_with_torchrec
 from shardbench.api import plan as shardbench_plan
-from shardbench.args import EXIT_ERROR, GAP_PERCENT, POSITIVE, TIME_LIMIT, Parser
+from shardbench.args import EXIT_ERROR, POSITIVE, TIME_LIMIT, Parser, gap_fraction
 from solvers.base import wall_limit
 
 from .environment import provenance
@@ -52,7 +52,7 @@ def measure(instance, budget: float, gap: float = 0.0) -> dict:
 def page(records: list[dict], source: str) -> str:
     budget, gap = records[0]["budget"], records[0].get("gap_target", 0.0)
     planned = [r for r in records if r["status"] == "plan"]
-    flags = f"--budget {budget:g}" + (f" --gap {100 * gap:g}" if gap else "")
+    flags = f"--budget {budget:g}" + (f" --gap {gap:g}" if gap else "")
     lines = [f"#### `plan {flags}` against TorchRec's planner ({source})", "",
              "Both judged by TorchRec 1.8's estimator (max over ranks of Σ shard perf, ms), run one after the other "
              "in one process with torchrec imported beforehand. `plan` time: wall of the whole portfolio (pricing "
@@ -84,7 +84,8 @@ def main(argv=None) -> int:
     parser = Parser(prog="python -m benchmarks.plan_speed", description=__doc__.splitlines()[0])
     parser.add_argument("instances", help="an instance set folder")
     parser.add_argument("--budget", type=TIME_LIMIT, default=1.0, help="plan's budget, seconds")
-    parser.add_argument("--gap", type=GAP_PERCENT, default=0.0, help="plan's --gap, percent")
+    parser.add_argument("--gap", type=gap_fraction, default=0.0,
+                        help="plan's --gap: a fraction of the bound, or a percentage")
     parser.add_argument("--limit", type=POSITIVE, default=None, help="only the first N instances (default: all)")
     parser.add_argument("--store", type=Path, help="records written here (default: "
                         "benchmarks/results/plan-speed-SET.jsonl, SET the folder's name)")
@@ -101,7 +102,7 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     load_torchrec()
-    records = [measure(instance, args.budget, args.gap / 100) for instance in instances]
+    records = [measure(instance, args.budget, args.gap) for instance in instances]
     write_text_atomic(store, "".join(json.dumps(r) + "\n" for r in records))
     write_text_atomic(output, page(records, args.instances))
     print(page(records, args.instances))

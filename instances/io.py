@@ -1,14 +1,17 @@
-"""Reading and writing instances, plans and instance sets on disk; writes are atomic so that a failed
-command never leaves a partial file behind."""
+"""Reading and writing instances, plans and instance sets on disk; writes are atomic, and a command's
+several outputs are written all or none, so that a failed or interrupted command leaves no partial output."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import shutil
+import signal
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from .model import (
     Instance,
@@ -77,29 +80,104 @@ def _writing_to(path: Path):
         raise OSError(exc.errno, exc.strerror, str(path)) from exc
 
 
+# Outputs are written to hidden siblings named after the output and this process, then renamed into place:
+# `.plan.json.shardbench-4242-0.tmp`. A rename is atomic, a failure or an interrupt removes the siblings,
+# and SIGKILL (which no process can clean up after) leaves siblings that say whose they are and that the
+# next write of the same output sweeps once their process is gone.
+TEMPORARY_MARK = "shardbench"
+_TEMPORARY = re.compile(rf"\.(?P<name>.+)\.{TEMPORARY_MARK}-(?P<pid>\d+)-\d+\.tmp")
+_serial = itertools.count()
+HELD_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def temporary_path(path: Path) -> Path:
+    """A hidden sibling of `path` for this process to write before renaming it into place."""
+    return path.parent / f".{path.name}.{TEMPORARY_MARK}-{os.getpid()}-{next(_serial)}.tmp"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def sweep_temporaries(path: Path) -> None:
+    """Removes the temporaries of `path` that a killed process left (their pid no longer runs here)."""
+    try:
+        siblings = list(path.parent.iterdir())
+    except OSError:  # no folder yet, or one we cannot list: nothing of ours there
+        return
+    for sibling in siblings:
+        match = _TEMPORARY.fullmatch(sibling.name)
+        if match and match["name"] == path.name and int(match["pid"]) != os.getpid() and not _alive(int(match["pid"])):
+            sibling.unlink(missing_ok=True)
+
+
+@contextmanager
+def signals_held():
+    """SIGINT and SIGTERM held back inside (blocked for this thread) and delivered as it ends."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def write_files_atomic(files: Mapping[str | Path, bytes]) -> None:
+    """Writes every file or none: each to its temporary sibling (`temporary_path`), then all renamed into place
+    with SIGINT and SIGTERM held, so that no interrupt falls between two renames. Anything raised before
+    then — an error, a full disk, Ctrl-C, or SIGTERM where the caller turns it into an exception (the CLI
+    does) — removes the temporaries; an error among the renames also removes the outputs already renamed
+    (the files they replaced are not restored). A signal that arrives during the renames takes effect once
+    they are done: the outputs are then complete. SIGKILL leaves temporaries, swept by the next write of
+    the same output. Files get the permissions the umask gives a new file."""
+    paths = {check_output_path(path): data for path, data in files.items()}
+    written: list[tuple[Path, Path]] = []
+    placed: list[Path] = []
+    try:
+        for path, data in paths.items():
+            with _writing_to(path):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                sweep_temporaries(path)
+                temporary = temporary_path(path)
+                written.append((temporary, path))
+                with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+                    handle.write(data)
+                os.chmod(temporary, 0o666 & ~_umask())
+        with signals_held():
+            for temporary, path in written:
+                with _writing_to(path):
+                    os.replace(temporary, path)
+                placed.append(path)
+    except BaseException:
+        for temporary, _ in written:
+            temporary.unlink(missing_ok=True)
+        if len(placed) < len(written):
+            for path in placed:
+                path.unlink(missing_ok=True)
+        raise
+
+
 def write_bytes_atomic(path: str | Path, data: bytes) -> None:
-    """Writes via a temporary sibling and a rename, removing the sibling when anything fails; the file gets
-    the permissions the umask gives a new file."""
-    path = check_output_path(path)
-    with _writing_to(path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-            os.chmod(tmp, 0o666 & ~_umask())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    """One file written as `write_files_atomic` writes a set: via a temporary sibling and a rename."""
+    write_files_atomic({path: data})
 
 
 def write_text_atomic(path: str | Path, text: str) -> None:
     write_bytes_atomic(path, text.encode("utf-8"))
 
 
+def json_bytes(data: Any) -> bytes:
+    """A JSON file's bytes, as every JSON output is written."""
+    return (json.dumps(data, indent=1) + "\n").encode("utf-8")
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1) + "\n")
+    write_bytes_atomic(path, json_bytes(data))
 
 
 def load_instance(path: str | Path) -> Instance:
@@ -127,10 +205,14 @@ def load_plan(path: str | Path, instance: Instance) -> Plan:
         raise PlanError(f"{path}: {exc}") from exc
 
 
-def save_plan(plan: Plan, instance: Instance, path: str | Path, report: dict | None = None) -> None:
-    """Validates the plan against its instance first: an invalid plan is never written."""
+def plan_file(plan: Plan, instance: Instance, report: dict | None = None) -> bytes:
+    """A plan file's bytes, the plan validated against its instance first: an invalid plan is never written."""
     plan.validate(instance)
-    write_json_atomic(path, plan_to_dict(plan, instance, report))
+    return json_bytes(plan_to_dict(plan, instance, report))
+
+
+def save_plan(plan: Plan, instance: Instance, path: str | Path, report: dict | None = None) -> None:
+    write_bytes_atomic(path, plan_file(plan, instance, report))
 
 
 def save_instance_set(instances: Iterable[Instance], folder: str | Path, description: dict) -> Path:

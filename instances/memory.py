@@ -98,14 +98,6 @@ def over_capacity(used: np.ndarray, capacity: np.ndarray) -> list[tuple[int, int
     return [(int(d), int(t)) for d, t in zip(*np.nonzero(np.asarray(used) > np.asarray(capacity)))]
 
 
-def format_bytes(count: int) -> str:
-    """A byte count for people: in GiB, MiB or KiB with three significant digits, small counts in B."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(count) >= size:
-            return f"{count / size:.3g} {unit}"
-    return f"{count} B"
-
-
 def tier_label(tier: int) -> str:
     return TIER_NAMES[TIERS[tier]]
 
@@ -134,6 +126,33 @@ def storage_fields(used: np.ndarray, capacity: Storage) -> dict:
 
 def describe(used: np.ndarray, capacity: Storage) -> str:
     """One device's (or the peak) storage against its capacity, tier by tier, for people."""
-    parts = [f"{TIER_NAMES[name]} {used[t] / 2**30:.3f} of {cap / 2**30:.3f} GiB"
-             for t, (name, cap) in enumerate(zip(TIERS, (capacity.hbm, capacity.host))) if cap > 0]
+    parts = []
+    for t, (name, cap) in enumerate(zip(TIERS, (capacity.hbm, capacity.host))):
+        if cap > 0:
+            amount, limit = format_sizes(used[t], cap)
+            parts.append(f"{TIER_NAMES[name]} {amount} of {limit}")
     return ", ".join(parts)
+
+
+BYTE_UNITS = (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10))
+
+
+def format_bytes(count, digits: int = 2) -> str:
+    """A byte count for people — every message and report line shows sizes this way (machine-readable JSON
+    keeps exact bytes): in TiB, GiB, MiB or KiB with up to `digits` decimals, in bytes below 1 KiB."""
+    for unit, size in BYTE_UNITS:
+        if abs(count) >= size:
+            return f"{count / size:.{digits}f}".rstrip("0").rstrip(".") + f" {unit}"
+    return f"{count:.4g} B" if isinstance(count, float) else f"{int(count)} B"
+
+
+def format_sizes(*counts) -> tuple[str, ...]:
+    """Byte counts one message compares (a need against a capacity), each as `format_bytes` writes it, with
+    as many decimals as it takes for unequal counts to read unequal (exact bytes where none suffices): a
+    need just over a capacity must not read as equal to it."""
+    values = [int(c) for c in counts]
+    for digits in range(2, 7):
+        texts = tuple(format_bytes(v, digits) for v in values)
+        if all(texts[i] != texts[j] for i in range(len(values)) for j in range(i) if values[i] != values[j]):
+            return texts
+    return tuple(f"{v} B" for v in values)

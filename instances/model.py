@@ -8,8 +8,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .kernels import HOST_KERNELS, KERNELS, kernels_for
-from .memory import Storage, io_bytes, storage, stored_bytes
+from .kernels import FUSED_UVM_CACHING, HOST_KERNELS, KERNELS, kernels_for
+from .memory import Storage, format_sizes, io_bytes, storage, stored_bytes
 # 2 added host memory and compute kernels, 3 each table's inputs (pooling factor per feature) and weights;
 # files of versions 1 and 2 still load.
 SCHEMA_VERSION = 3
@@ -388,6 +388,21 @@ class Instance:
                      and (table.compute_kernels is None or k in table.compute_kernels)
                      and (k not in HOST_KERNELS or self.topology.host_memory_bytes > 0))
 
+    def cache_problem(self, table: Table) -> str | None:
+        """Why `table`'s fixed cache load factor has no use here, or None: the rule every way in (instance
+        files, specs, TorchRec's constraints) is held to. A load factor sizes the HBM cache of a table kept in
+        host memory (fused_uvm_caching), so the devices need host memory and the table that kernel."""
+        if table.cache_load_factor is None:
+            return None
+        if not self.topology.host_memory_bytes:
+            return ("a cache load factor sizes the HBM cache of a table kept in host memory, and the devices have "
+                    "none (give host_memory_bytes, or ddr_cap in a spec or a Topology)")
+        kernels = {k for kind in self.allowed_types(table) for k in self.allowed_kernels(table, kind)}
+        if FUSED_UVM_CACHING not in kernels:
+            return (f"a cache load factor is for {FUSED_UVM_CACHING} only, which its allowed kernels "
+                    f"({', '.join(k for k in KERNELS if k in kernels)}) leave out")
+        return None
+
     @property
     def uses_host_memory(self) -> bool:
         """Whether some table may live in host memory (the devices have some and a host kernel is allowed)."""
@@ -497,9 +512,11 @@ class Instance:
                      f"table {table.name} has no compute kernel for its sharding types "
                      f"({', '.join(allowed)})" + ("" if self.topology.host_memory_bytes else
                                                   "; fused_uvm and fused_uvm_caching need host memory"))
+            problem = self.cache_problem(table)
+            _require(problem is None, f"tables[{i}].cache_load_factor", f"table {table.name}: {problem}")
         total = sum(stored_bytes(t.rows, t.dim, t.dtype_bytes, self.workload.optimizer) for t in self.tables)
-        _require(total <= MAX_TOTAL_BYTES, "tables", f"need {total} B in all, more than the {MAX_TOTAL_BYTES} B "
-                 "this tool handles exactly")
+        _require(total <= MAX_TOTAL_BYTES, "tables", "need {} in all, more than the {} this tool handles "
+                 "exactly".format(*format_sizes(total, MAX_TOTAL_BYTES)))
         return self
 
 
@@ -664,8 +681,8 @@ class TieringPlan:
             if not (0 <= dp and 0 <= flex and dp + flex <= by_name[name].rows):
                 raise PlanError(f"table {name}: dp_rows {dp} + flex_rows {flex} must be within 0..{by_name[name].rows}")
         if memory_per_gpu is not None and memory_per_gpu > instance.topology.memory_bytes:
-            raise PlanError(f"predicted memory {memory_per_gpu:.0f} B per GPU exceeds the capacity "
-                            f"{instance.topology.memory_bytes} B")
+            raise PlanError("predicted memory {} per GPU exceeds the capacity {}".format(
+                *format_sizes(memory_per_gpu, instance.topology.memory_bytes)))
         return self
 
 

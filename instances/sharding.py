@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .kernels import KERNEL_CODE, default_kernel, kernel_problem
-from .memory import over_capacity, storage, tier_label
+from .memory import format_bytes, format_sizes, over_capacity, storage, tier_label
 from .model import (
     COLUMN_ALIGNMENT,
     SHARDING_TYPES,
@@ -189,8 +189,9 @@ def check_capacity(used: np.ndarray, instance: Instance, model: str = "") -> Non
     capacity = instance.topology.capacity.as_array()
     over = over_capacity(used, capacity)
     if over:
-        detail = ", ".join(f"device {d} uses {int(used[d, t])} B of {tier_label(t)}" for d, t in over[:5])
-        limits = " and ".join(f"{tier_label(t)} {int(capacity[t])} B" for t in sorted({t for _, t in over}))
+        detail = ", ".join(f"device {d} uses {format_sizes(used[d, t], capacity[t])[0]} of {tier_label(t)}"
+                           for d, t in over[:5])
+        limits = " and ".join(f"{tier_label(t)} {format_bytes(capacity[t])}" for t in sorted({t for _, t in over}))
         raise PlanError(f"memory capacity ({limits} per device) exceeded{model}: {detail}")
 
 

@@ -254,7 +254,8 @@ def _ranks(sharding, option) -> list[int]:
 
 def readable(sharding_plan) -> dict:
     """Per table (named `path.table` for a module below the model's root): sharding type, compute kernel,
-    ranks and each shard's offsets, sizes and placement."""
+    cache load factor (null where the kernel keeps no cache), ranks and each shard's offsets, sizes and
+    placement."""
     out = {}
     for path, module_plan in sharding_plan.plan.items():
         for name, sharding in module_plan.items():
@@ -263,5 +264,6 @@ def readable(sharding_plan) -> dict:
                        for m in sharding.sharding_spec.shards])
             out[f"{path}.{name}" if path else name] = {
                 "sharding_type": sharding.sharding_type, "compute_kernel": sharding.compute_kernel,
+                "cache_load_factor": getattr(sharding.cache_params, "load_factor", None),
                 "ranks": list(sharding.ranks or []), "shards": shards}
     return out

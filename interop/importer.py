@@ -6,10 +6,11 @@ import math
 import re
 from dataclasses import replace
 from decimal import Decimal
-from typing import Any, Collection, Mapping
+from typing import Any, Callable, Collection, Mapping
 
 from instances import Instance, InstanceError, Table, Topology, Workload
-from instances.kernels import FUSED_UVM_CACHING, KERNELS
+from instances.kernels import KERNELS
+from instances.memory import format_bytes
 from instances.model import DEFAULT_SHARDING_TYPES, MAX_MEMORY_BYTES, OPTIMIZERS, SHARDING_TYPES
 
 from .common import DATA_TYPES, IMPORTED_BINS, MS, STORAGE_RESERVE, load_torchrec
@@ -25,7 +26,8 @@ def _data_type_bytes(data_type: Any, path: str) -> int:
 
 def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None, batch_size: int = 512,
                   instance_id: str = "torchrec", host_memory: int | None = None,
-                  weighted: Collection[str] = (), reserved: bool = False) -> Instance:
+                  weighted: Collection[str] = (), reserved: bool = False,
+                  load_factor_field: Callable[[int, str], str] | None = None) -> Instance:
     """An instance from TorchRec's own objects: EmbeddingBagConfig / EmbeddingConfig list or an
     EmbeddingBagCollection / EmbeddingCollection, a planner Topology (its HBM per device and, on cuda, its
     DDR as host memory with `hbm_to_ddr_mem_bw` as the host link; on cpu its DDR is the device memory),
@@ -34,7 +36,8 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
     `host_memory` (bytes per device) overrides the Topology's; `weighted` names the tables whose inputs
     carry weights (a weighted EmbeddingBagCollection's are all weighted). The instance plans in what is left
     after TorchRec's default 15 % reserve, or — `reserved` — in the Topology's memory as it is (a storage
-    reservation already taken off)."""
+    reservation already taken off). `load_factor_field(i, name)` is how the caller's errors name table i's
+    cache load factor (default: tables[i].cache_params.load_factor)."""
     torchrec = load_torchrec()
     weighted = set(weighted)
     if isinstance(tables, torchrec.EmbeddingBagCollection):
@@ -63,7 +66,7 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
         kernels = getattr(constraint, "compute_kernels", None)
         if kernels is not None:
             kernels = modelled_kernels(kernels, f"{path}.compute_kernels", config.name)
-        load_factor = cache_load_factor(getattr(constraint, "cache_params", None), kernels, f"{path}.cache_params",
+        load_factor = cache_load_factor(getattr(constraint, "cache_params", None), f"{path}.cache_params",
                                         config.name)
         # As TorchRec's enumerator: the default types where the constraints name none (grid_shard only where named).
         out.append(Table.of_inputs(factors, name=config.name, rows=config.num_embeddings, dim=config.embedding_dim,
@@ -87,8 +90,14 @@ def from_torchrec(tables, topology, constraints: Mapping[str, Any] | None = None
                     host_link_bw=topology.hbm_to_ddr_mem_bw * MS)
     # A model TorchRec runs holds its shards' input and output buffers in HBM too: counted as its storage
     # estimator counts them.
-    return Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32", io_buffers=True),
-                    provenance="imported from TorchRec", sharding_types=SHARDING_TYPES).validate()
+    instance = Instance(instance_id, tuple(out), topo, Workload(batch_size=batch_size, dtype="fp32", io_buffers=True),
+                        provenance="imported from TorchRec", sharding_types=SHARDING_TYPES)
+    for i, table in enumerate(instance.tables):  # the instance's own rule, under the caller's name for the field
+        problem = instance.cache_problem(table)
+        if problem:
+            field = load_factor_field(i, table.name) if load_factor_field else f"tables[{i}].cache_params.load_factor"
+            raise InstanceError(field, f"table {table.name}: {problem}")
+    return instance.validate()
 
 
 def _pooling_factors(factors: Any, path: str, table: str) -> list[float]:
@@ -137,9 +146,9 @@ UNMODELLED_CACHE_FIELDS = ("algorithm", "reserved_memory", "precision", "prefetc
                            "multipass_prefetch_config")
 
 
-def cache_load_factor(cache_params: Any, kernels: tuple[str, ...] | None, path: str, table: str) -> float | None:
+def cache_load_factor(cache_params: Any, path: str, table: str) -> float | None:
     """The load factor a table's CacheParams fixes (None: none, each cached option chooses its own): a number
-    in (0, 1], for a table that may use fused_uvm_caching."""
+    in (0, 1] (whether the table can use it is the instance's rule, Instance.cache_problem)."""
     if cache_params is None:
         return None
     for name in UNMODELLED_CACHE_FIELDS:
@@ -147,19 +156,15 @@ def cache_load_factor(cache_params: Any, kernels: tuple[str, ...] | None, path: 
             raise InstanceError(f"{path}.{name}", f"table {table}: is not modelled (shardbench sizes a cache by its "
                                 "load factor only and exports CacheParams(load_factor)); drop it or plan with "
                                 "TorchRec's planner")
-    return load_factor_for(getattr(cache_params, "load_factor", None), kernels, f"{path}.load_factor", table)
+    return load_factor_for(getattr(cache_params, "load_factor", None), f"{path}.load_factor", table)
 
 
-def load_factor_for(value: Any, kernels: tuple[str, ...] | None, path: str, table: str) -> float | None:
-    """A table's fixed cache load factor (None where not given): in (0, 1], and only where its kernels allow
-    fused_uvm_caching (the only kernel with a cache)."""
+def load_factor_for(value: Any, path: str, table: str) -> float | None:
+    """A table's fixed cache load factor (None where not given): a number in (0, 1]."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
         raise InstanceError(path, f"table {table}: must be a number in (0, 1], got {value!r}")
-    if kernels is not None and FUSED_UVM_CACHING not in kernels:
-        raise InstanceError(path, f"table {table}: a cache load factor is for {FUSED_UVM_CACHING} only, which its "
-                            f"allowed kernels ({', '.join(kernels)}) leave out")
     return float(value)
 
 
@@ -208,7 +213,7 @@ def size_bytes(value: Any, path: str) -> int:
     if amount != amount.to_integral_value():
         raise InstanceError(path, f"must be a whole number of bytes, got {value!r}")
     if not 0 < amount <= MAX_MEMORY_BYTES:
-        raise InstanceError(path, f"must be between 1 B and {MAX_MEMORY_BYTES} B, got {value!r}")
+        raise InstanceError(path, f"must be between 1 B and {format_bytes(MAX_MEMORY_BYTES)}, got {value!r}")
     return int(amount)
 
 
@@ -216,8 +221,8 @@ def capacity_bytes(value: Any, path: str) -> int:
     """A per-device capacity: a size of at least MIN_CAPACITY."""
     size = size_bytes(value, path)
     if size < MIN_CAPACITY:
-        raise InstanceError(path, f"{size} B per device is less than 1 MiB, likely a unit mistake; give bytes or a "
-                            f"string with a unit, e.g. \"80GiB\"")
+        raise InstanceError(path, f"{format_bytes(size)} per device is less than 1 MiB, likely a unit mistake; give "
+                            "bytes or a string with a unit, e.g. \"80GiB\"")
     return size
 
 
@@ -315,8 +320,7 @@ def instance_from_spec(spec: Any) -> Instance:
         kernels = entry.get("compute_kernels")
         if kernels is not None:
             kernels = list(modelled_kernels(kernels, f"{path}.compute_kernels", name))
-        load_factor = load_factor_for(entry.get("cache_load_factor"), kernels and tuple(kernels),
-                                      f"{path}.cache_load_factor", name)
+        load_factor = load_factor_for(entry.get("cache_load_factor"), f"{path}.cache_load_factor", name)
         pooled = entry.get("pooled", True)
         if not isinstance(pooled, bool):
             raise InstanceError(f"{path}.pooled", f"must be a boolean, got {pooled!r}")
@@ -332,5 +336,5 @@ def instance_from_spec(spec: Any) -> Instance:
                                 **({"ddr_cap": ddr} if ddr else {}), **bandwidths)
     # Host memory given, not read back from the Topology, where a ddr_cap equal to TorchRec's default reads as none.
     instance = from_torchrec(configs, topology, constraints, batch_size, instance_id, host_memory=ddr,
-                             weighted=weighted_tables)
+                             weighted=weighted_tables, load_factor_field=lambda i, _: f"tables[{i}].cache_load_factor")
     return replace(instance, workload=replace(instance.workload, optimizer=optimizer)).validate()

@@ -1,16 +1,19 @@
 """shardbench, the product: plan embedding-table sharding with the best of many methods, certified, from
 Python (`plan`, `ShardbenchPlanner`, `load_plan`, `save_sharding_plan`) or the `shardbench` command line;
 torchrec itself loads only when `ShardbenchPlanner` or the `torchrec` oracle is first used."""
-from .api import plan
-from .planfiles import load_plan, save_sharding_plan
-from .portfolio import Member, PortfolioResult
+import importlib
 
-__all__ = ["Member", "PortfolioResult", "ShardbenchPlanner", "load_plan", "plan", "save_sharding_plan"]
+# Each name loads its module when first used: the command line starts before anything heavy is imported
+# (so that Ctrl-C while it loads is handled), and the planner, a subclass of TorchRec's, loads TorchRec.
+_EXPORTS = {"plan": ".api", "load_plan": ".planfiles", "save_sharding_plan": ".planfiles", "Member": ".portfolio",
+            "PortfolioResult": ".portfolio", "ShardbenchPlanner": ".planner"}
+
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str):
-    if name == "ShardbenchPlanner":  # lazily: the planner subclasses TorchRec's, and the CLI need not load it
-        from .planner import ShardbenchPlanner
-
-        return ShardbenchPlanner
-    raise AttributeError(f"module 'shardbench' has no attribute {name!r}")
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'shardbench' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
+    globals()[name] = value
+    return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from decimal import Decimal, InvalidOperation
 
 from instances import SHARDING_TYPES
 from instances.kernels import KERNELS
@@ -63,9 +64,26 @@ def examples(*lines: str) -> str:
 
 TIME_LIMIT = number(float, 0, MAX_TIME_LIMIT, low_open=True, what="seconds")
 SEED = number(int, 0, MAX_SEED, what="seed")
-GAP_PERCENT = number(float, 0, 99, what="percent")
-GAP_HELP = ("stop once a plan is certified within this many percent of the proven bound (default: 0, run the budget "
-            "out unless a plan is proven optimal)")
+MAX_GAP = 0.99
+
+
+def gap_fraction(text: str) -> float:
+    """An argparse type: a gap as everywhere else, a fraction of the bound ("0.005"), or in percent with the
+    sign ("0.5%"), in [0, MAX_GAP]."""
+    percent = text.strip().endswith("%")
+    try:  # in decimal, so that 0.7% is the fraction 0.007 written out
+        number = Decimal(text.strip().removesuffix("%"))
+    except InvalidOperation:
+        raise argparse.ArgumentTypeError(f"must be a fraction such as 0.005 or a percentage such as 0.5%, got {text!r}")
+    value = float(number / 100 if percent else number) if number.is_finite() else math.nan
+    if not 0 <= value <= MAX_GAP:
+        raise argparse.ArgumentTypeError(f"must be a fraction in [0, {MAX_GAP:g}] (or a percentage up to "
+                                         f"{100 * MAX_GAP:g}%), got {text!r}")
+    return value
+
+
+GAP_HELP = ("stop once a plan is certified within this fraction of the proven bound, e.g. 0.005, or 0.5%% "
+            "(default: 0, run the budget out unless a plan is proven optimal)")
 POSITIVE = number(int, 1, what="count")
 
 

@@ -2,66 +2,85 @@
 solvers and oracles. Errors print one line naming the problem and exit non-zero, leaving no output file."""
 from __future__ import annotations
 
-import argparse
-import functools
-import signal
 import sys
-from pathlib import Path
 
-import numpy as np
-
-from costmodels import UnknownOracleError, get_oracle, oracle_names
-from instances import (
-    InstanceError,
-    PlanError,
-    load_instance,
-    load_instances,
-    load_plan,
-    save_instance,
-    save_instance_set,
-    save_plan,
-)
-from instances.dlrm_loader import load_raw_tables
-from instances.io import check_output_path, write_json_atomic
-from instances.memory import HBM, describe, storage_fields
-from instances.model import DTYPE_BYTES, LEGACY_SHARDING_TYPES, OPTIMIZERS, Topology, Workload
-from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
-from solvers import (
-    Budget,
-    BudgetError,
-    Problem,
-    SolverOracleMismatch,
-    UnknownSolverError,
-    get_solver,
-    option_bounds,
-    run_solver,
-    solver_names,
-)
-from solvers.bounds import gap_to_bound
-
-from .args import (
-    EXIT_ERROR,
-    GAP_HELP,
-    GAP_PERCENT,
-    POSITIVE,
-    SEED,
-    TIME_LIMIT,
-    Parser,
-    compute_kernels,
-    examples,
-    number,
-    sharding_types,
-)
-from .demo import add_command as add_demo_command
-from .planfiles import sidecar_path, write_plan_files
-from .pipeline import PlanRequest, admit, cannot_fit, narrow, run
-from .recommend import RecommenderError
-from .rows_cli import add_commands as add_row_commands
-
-EXIT_NO_PLAN = 3
 EXIT_INTERRUPTED = 130  # as a shell reports a command ended by SIGINT
 
+# Ctrl-C while the command is still loading (its imports take a noticeable moment) ends it as Ctrl-C does
+# anywhere else: one line, no traceback. The package's own __init__ imports nothing, so this comes first.
+try:
+    import argparse
+    import contextlib
+    import functools
+    import signal
+    import threading
+    from pathlib import Path
 
+    import numpy as np
+
+    from costmodels import UnknownOracleError, get_oracle, oracle_names
+    from instances import (
+        InstanceError,
+        PlanError,
+        load_instance,
+        load_instances,
+        load_plan,
+        save_instance,
+        save_instance_set,
+        save_plan,
+    )
+    from instances.dlrm_loader import load_raw_tables
+    from instances.io import check_output_path, plan_file, write_files_atomic, write_json_atomic
+    from instances.memory import HBM, describe, format_bytes, storage_fields
+    from instances.model import DTYPE_BYTES, LEGACY_SHARDING_TYPES, OPTIMIZERS, Topology, Workload
+    from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
+    from solvers import (
+        Budget,
+        BudgetError,
+        Problem,
+        SolverOracleMismatch,
+        UnknownSolverError,
+        get_solver,
+        option_bounds,
+        run_solver,
+        solver_names,
+    )
+    from solvers.bounds import gap_to_bound
+
+    from .args import (
+        EXIT_ERROR,
+        GAP_HELP,
+        POSITIVE,
+        SEED,
+        TIME_LIMIT,
+        Parser,
+        compute_kernels,
+        examples,
+        gap_fraction,
+        number,
+        sharding_types,
+    )
+    from .demo import add_command as add_demo_command
+    from .planfiles import plan_files, sidecar_path, write_plan_files
+    from .pipeline import (
+        DEFAULT_ORACLE,
+        FALLBACK_ORACLE,
+        PlanRequest,
+        admit,
+        cannot_fit,
+        default_oracle,
+        narrow,
+        plan_request,
+        run,
+    )
+    from .recommend import RecommenderError
+    from .rows_cli import add_commands as add_row_commands
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    raise SystemExit(EXIT_INTERRUPTED) from None
+
+EXIT_NO_PLAN = 3
+EXIT_TERMINATED = 143  # as a shell reports a command ended by SIGTERM
 
 
 def _cmd_sample(args: argparse.Namespace) -> int:
@@ -132,6 +151,8 @@ def module_path(text: str) -> str:
     return text
 
 
+ORACLE_DEFAULT = (f"default: {DEFAULT_ORACLE}, TorchRec's own estimator, or {FALLBACK_ORACLE} where TorchRec cannot "
+                  "be imported")
 MODULE_PATH_HELP = ("the path of the tables' module in the model, the ShardingPlan's key "
                     "(e.g. sparse_arch.embedding_bag_collection; default: \"\", the model itself)")
 
@@ -146,9 +167,10 @@ def _cmd_export_torchrec(args: argparse.Namespace) -> int:
         raise InstanceError("-o", "the outputs must not overwrite the plan (or each other)")
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    write_plan_files(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output, sidecar)
+    write_plan_files(to_torchrec(instance, plan, device_type=args.device_type, path=args.module_path), args.output,
+                     sidecar, instance, plan)
     print(f"TorchRec ShardingPlan for {instance.num_tables} tables ({', '.join(f'{k} {v}' for k, v in plan.sharding_types().items())}) "
-          f"written to {args.output}; readable per-table ParameterSharding in {sidecar}")
+          f"written to {args.output}; readable (each table's ParameterSharding, each device's memory) in {sidecar}")
     return 0
 
 
@@ -177,11 +199,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
         pooling = np.array([t.pooling_factor for t in instance.tables])
         topo = instance.topology
         print(f"{instance.id}: {instance.num_tables} tables on {topo.nodes} node(s) × {topo.devices_per_node} "
-              f"devices, {topo.memory_bytes / 2**30:.2f} GiB of HBM each"
-              + (f" and {topo.host_memory_bytes / 2**30:.2f} GiB of host memory" if topo.host_memory_bytes else ""))
+              f"devices, {format_bytes(topo.memory_bytes)} of HBM each"
+              + (f" and {format_bytes(topo.host_memory_bytes)} of host memory" if topo.host_memory_bytes else ""))
         print(f"  provenance: {instance.provenance or '-'}")
-        print(f"  memory: {memory.sum() / 2**30:.2f} GiB in all, {memory.sum() / topo.memory_bytes / instance.num_devices:.1%} "
-              f"of capacity; largest table {memory.max() / 2**30:.3f} GiB")
+        print(f"  memory: {format_bytes(memory.sum())} in all, "
+              f"{memory.sum() / topo.memory_bytes / instance.num_devices:.1%} of capacity; largest table "
+              f"{format_bytes(memory.max())}")
         print(f"  rows min/median/max: {rows.min()} / {int(np.median(rows))} / {rows.max()}; "
               f"pooling mean {pooling.mean():.2f}, max {pooling.max():.2f}")
         print(f"  workload: batch {instance.workload.batch_size}, optimizer {instance.workload.optimizer}, "
@@ -189,24 +212,31 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels"}
+CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels", "solvers": "--solvers"}
 
 
 def _request(args: argparse.Namespace) -> PlanRequest:
     """The planning request the command's arguments make (solve, recommend and plan narrow alike)."""
-    return PlanRequest(load_instance(args.instance), args.oracle, budget=args.budget, gap=getattr(args, "gap", 0.0) / 100,
-                       solvers=tuple(args.solvers) if getattr(args, "solvers", None) else None,
-                       seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
-                       compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
+    return plan_request(load_instance(args.instance), args.oracle, budget=args.budget,
+                        gap=getattr(args, "gap", 0.0), solvers=getattr(args, "solvers", None),
+                        seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
+                        compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
+
+
+def _say_notes(notes: tuple[str, ...]) -> None:
+    for note in notes:
+        print(f"note: {note}")
 
 
 def _cmd_solve(args: argparse.Namespace) -> int:
     if args.output:
         check_output_path(args.output, "-o")
-    instance = narrow(_request(args))
-    oracle = get_oracle(args.oracle)
+    request = _request(args)
+    _say_notes(request.notes)
+    instance = narrow(request)
+    oracle = get_oracle(request.oracle)
     problem = Problem(instance, oracle)  # priced once: by the solver, then asked for the bounds printed below
-    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap / 100), args.seed,
+    result = run_solver(args.solver, instance, oracle, Budget(args.budget, gap=args.gap), args.seed,
                         problem=problem)
     print(f"{args.solver} on {instance.id} under {oracle.name} ({', '.join(instance.sharding_types)}): "
           f"{result.status.value}")
@@ -244,20 +274,21 @@ def _cmd_recommend(args: argparse.Namespace) -> int:
     from .workloads import workload_features
 
     request = _request(args)
+    _say_notes(request.notes)
     admitted = admit(request, narrow(request))
     instance = admitted.instance
     if admitted.unfit:
         print(f"no plan: {instance.id} cannot fit: {admitted.unfit}", file=sys.stderr)
         return EXIT_NO_PLAN
     rules = Rules.load(args.rules) if args.rules else Rules.load()
-    features = workload_features(instance, args.oracle, args.budget)
+    features = workload_features(instance, request.oracle, args.budget)
     ranking, source = rules.recommend(features)
     if not ranking:
-        print(f"no evidence for a solver that applies to {instance.id} under {args.oracle}", file=sys.stderr)
+        print(f"no evidence for a solver that applies to {instance.id} under {request.oracle}", file=sys.stderr)
         return EXIT_ERROR
     chosen = ranking[:PORTFOLIO_SIZE]
-    print(f"{instance.id} under {args.oracle}, budget {args.budget:g} s: {features.tables} tables, {features.devices} "
-          f"devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
+    print(f"{instance.id} under {request.oracle}, budget {args.budget:g} s: {features.tables} tables, "
+          f"{features.devices} devices in {features.nodes} node(s), HBM tightness {features.tightness:.2f}"
           f"{' with host memory' if features.host_memory else ''}, heaviest table "
           f"{features.heaviest:.2f}× the balanced load, cost CV {features.cost_cv:.2f}, "
           f"{features.split_share:.0%} of tables worth splitting, {'additive' if features.additive else 'non-additive'} oracle")
@@ -288,15 +319,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if result.plan is None:
         print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
         return EXIT_NO_PLAN
-    sharding_plan = None
-    if args.torchrec_out:  # converted before anything is written: a plan TorchRec cannot take leaves nothing
+    # Every output is made in memory first (a plan TorchRec cannot take fails here), then written all or none.
+    outputs = {args.output: plan_file(result.plan, instance, report.record)}
+    if args.torchrec_out:
         from interop.export import to_torchrec
 
         sharding_plan = to_torchrec(instance, result.plan, path=args.module_path)
-    save_plan(result.plan, instance, args.output, report=report.record)
+        outputs |= plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out), instance, result.plan)
+    write_files_atomic(outputs)
     print(f"plan written to {args.output}")
-    if sharding_plan is not None:
-        write_plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out))
+    if args.torchrec_out:
         print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar_path(args.torchrec_out)})")
     return 0
 
@@ -304,7 +336,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_show_plan(args: argparse.Namespace) -> int:
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
-    oracle = get_oracle(args.oracle)
+    name, notes = (args.oracle, ()) if args.oracle else default_oracle()
+    _say_notes(notes)
+    oracle = get_oracle(name)
     costs = oracle.device_costs(instance, plan)
     memory = plan.storage_per_device(instance)
     capacity = instance.topology.capacity
@@ -314,6 +348,13 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
           f"({instance.topology.nodes} node(s) × {instance.topology.devices_per_node})")
     print(f"under {oracle.name}: max device cost {max(totals):.6g} {oracle.unit}, balance "
           f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {describe(memory.max(axis=0), capacity)}")
+    print("compute kernels: " + ", ".join(f"{k} {v}" for k, v in plan.kernels().items()))
+    if not args.brief:
+        for table, sharding in zip(instance.tables, plan.tables):
+            devices = sorted({shard.device for shard in sharding.shards})
+            cache = f", load factor {sharding.cache_load_factor:g}" if sharding.cache_load_factor is not None else ""
+            print(f"table {table.name}: {sharding.sharding_type}, {sharding.compute_kernel}{cache}, on device"
+                  f"{'s' if len(devices) > 1 else ''} {', '.join(map(str, devices))}")
     shards: list[list[str]] = [[] for _ in range(instance.num_devices)]
     for table, sharding in zip(instance.tables, plan.tables):
         for shard in sharding.shards:
@@ -435,11 +476,11 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                            "-o plan.json"))
     solve.add_argument("instance", help="the instance JSON")
     solve.add_argument("--solver", required=True, help="a solver name (see `shardbench solvers`)")
-    solve.add_argument("--oracle", default="lookup", help="the cost oracle (see `shardbench oracles`)")
+    solve.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
     solve.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
                        help="seconds the solver may take")
     solve.add_argument("--seed", type=SEED, default=0, help="seed of a stochastic solver")
-    solve.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
+    solve.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
     solve.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types, "
                        "comma-separated or 'all' (default: the instance's)")
     solve.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
@@ -454,8 +495,9 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
              "shardbench plan instance.json --budget 30 -o plan.json --torchrec-out plan.pt")):
         question = sub.add_parser(name, help=help_text, epilog=examples(example))
         question.add_argument("instance", help="the instance JSON")
-        question.add_argument("--oracle", default="analytic", help="the cost oracle (see `shardbench oracles`)")
-        question.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
+        question.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
+        question.add_argument("--budget", "--time-limit", dest="budget", type=TIME_LIMIT, default=10.0,
+                              help="seconds the portfolio may take")
         question.add_argument("--sharding-types", type=sharding_types, help="plan with only these sharding types "
                               "(default: the instance's)")
         question.add_argument("--compute-kernels", type=compute_kernels, help="plan with only these compute kernels, comma-separated or 'all' (fused, fused_uvm, "
@@ -468,18 +510,20 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save) and, beside "
                                   "it, its readable .sharding.json (default: not written)")
             question.add_argument("--module-path", type=module_path, default="", help=MODULE_PATH_HELP)
-            question.add_argument("--solvers", type=lambda v: [s for s in v.split(",") if s],
+            question.add_argument("--solvers", type=lambda v: [s.strip() for s in v.split(",") if s.strip()],
                                   help="run these instead of the recommendation, comma-separated (default: the "
                                   "recommended portfolio)")
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
-            question.add_argument("--gap", type=GAP_PERCENT, default=0.0, help=GAP_HELP)
+            question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
             question.set_defaults(func=_cmd_plan)
-    show_plan = sub.add_parser("show-plan", help="a plan per device: shards, memory and cost breakdown",
+    show_plan = sub.add_parser("show-plan", help="a plan per table (kernel, load factor) and per device (shards, "
+                               "HBM and host memory, cost breakdown)",
                                epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))
     show_plan.add_argument("plan", help="the plan JSON")
     show_plan.add_argument("--instance", required=True, help="the instance the plan is for")
-    show_plan.add_argument("--oracle", default="analytic", help="the cost oracle that prices the plan")
-    show_plan.add_argument("--brief", action="store_true", help="leave out the list of shards per device")
+    show_plan.add_argument("--oracle", help=f"the cost oracle that prices the plan ({ORACLE_DEFAULT})")
+    show_plan.add_argument("--brief", action="store_true",
+                           help="leave out the lines per table and the list of shards per device")
     show_plan.set_defaults(func=_cmd_show_plan)
 
     export = sub.add_parser("export-torchrec", help="a plan as the ShardingPlan TorchRec runs (torch.save) plus a "
@@ -521,8 +565,42 @@ def _parser_for(argv: list[str]) -> tuple[argparse.ArgumentParser, tuple]:
     return (product, ()) if first in commands else (build_parser(), command_plugins())
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command is, so that it unwinds as from Ctrl-C: its members killed, its
+    unfinished outputs removed."""
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises Terminated inside (in the main thread; the previous handler comes back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Runs one command: its exit status, with bad input, no plan and interrupts each said in one line."""
+    try:
+        with _sigterm_raises():
+            return _run(sys.argv[1:] if argv is None else list(argv))
+    except Terminated:
+        print("terminated", file=sys.stderr)
+        return EXIT_TERMINATED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _run(argv: list[str]) -> int:
     parser, plugins = _parser_for(argv)
     plugin_errors = tuple(error for plugin in plugins for error in plugin.ERRORS)
     try:
@@ -535,9 +613,6 @@ def main(argv: list[str] | None = None) -> int:
             OSError, RecommenderError, *plugin_errors) as exc:
         print(f"error: {' '.join(_describe(exc).split())}", file=sys.stderr)
         return EXIT_ERROR
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
 
 
 def _describe(exc: Exception) -> str:

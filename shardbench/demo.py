@@ -5,24 +5,23 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Callable
+from typing import Mapping
 
 from costmodels import get_oracle
-from instances import Instance, InstanceError, Plan, save_instance, save_plan
-from instances.io import read_text
-from instances.model import instance_from_dict
+from instances import Instance, InstanceError, Plan
+from instances.io import json_bytes, plan_file, read_text, write_files_atomic
+from instances.memory import format_bytes
+from instances.model import instance_from_dict, instance_to_dict
 
 from .args import SEED, TIME_LIMIT, examples
 from .pipeline import PlanRequest, admit, choose, narrow, run
-from .planfiles import write_plan_files
+from .planfiles import plan_files
 from .portfolio import SAFETY_NET
 
 EXIT_NO_PLAN = 3
@@ -84,23 +83,18 @@ def _first_missing(folder: Path) -> Path | None:
     return missing
 
 
-def write_all(folder: Path, write: Callable[[Path], None]) -> None:
-    """`write(scratch)` writes the outputs into a scratch folder inside `folder`; they move in only once all
-    are written, so a failure leaves none of them (and no folder it had to create)."""
+def write_all(folder: Path, files: Mapping[str, bytes]) -> None:
+    """The outputs, by file name, written into `folder` all or none (instances.io.write_files_atomic); a
+    failure or an interrupt also removes the folder, where the demo had to create it."""
     created = _first_missing(folder)
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        scratch = Path(tempfile.mkdtemp(dir=folder, prefix=".demo-"))
-        try:
-            write(scratch)
-            for item in scratch.iterdir():
-                os.replace(item, folder / item.name)
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-    except OSError as exc:
+        write_files_atomic({folder / name: data for name, data in files.items()})
+    except BaseException as exc:
         if created is not None:
             shutil.rmtree(created, ignore_errors=True)
-        raise InstanceError(str(folder), f"-o: cannot write there ({exc.strerror or exc})") from exc
+        if isinstance(exc, OSError):
+            raise InstanceError(str(folder), f"-o: cannot write there ({exc.strerror or exc})") from exc
+        raise
 
 
 def run_torchrec_planner(instance: Instance) -> PeerRun:
@@ -138,9 +132,9 @@ def comparison(theirs: float, ours: float) -> str:
 def _describe(instance: Instance, where: str) -> str:
     topo = instance.topology
     weights = sum(t.rows * t.dim * t.dtype_bytes for t in instance.tables)
-    return (f"{instance.id} from {where}: {instance.num_tables} tables ({weights / 2**30:.1f} GiB of weights) on "
+    return (f"{instance.id} from {where}: {instance.num_tables} tables ({format_bytes(weights)} of weights) on "
             f"{topo.nodes} node{'s' if topo.nodes > 1 else ''} × {topo.devices_per_node} GPUs, "
-            f"{topo.memory_bytes / 2**30:.1f} GiB of HBM per GPU to plan in, "
+            f"{format_bytes(topo.memory_bytes)} of HBM per GPU to plan in, "
             f"batch {instance.workload.batch_size} per rank")
 
 
@@ -184,12 +178,9 @@ def run_demo(args: argparse.Namespace) -> int:
               "torchrec_planner": {"objective": theirs, "seconds": peer.seconds, "failure": peer.failure,
                                    "sharding_types": peer.plan.sharding_types() if peer.plan is not None else None}}
 
-    def write(scratch: Path) -> None:
-        save_instance(instance, scratch / OUTPUTS["instance"])
-        save_plan(ours.plan, instance, scratch / OUTPUTS["plan"], report=report)
-        write_plan_files(sharding_plan, scratch / OUTPUTS["torchrec"], scratch / OUTPUTS["readable"])
-
-    write_all(folder, write)
+    write_all(folder, {OUTPUTS["instance"]: json_bytes(instance_to_dict(instance.validate())),
+                       OUTPUTS["plan"]: plan_file(ours.plan, instance, report),
+                       **plan_files(sharding_plan, OUTPUTS["torchrec"], OUTPUTS["readable"], instance, ours.plan)})
     print(f"\nwritten to {folder}/: {OUTPUTS['plan']} (our plan; its instance in {OUTPUTS['instance']}), "
           f"{OUTPUTS['torchrec']} (the TorchRec ShardingPlan), {OUTPUTS['readable']} (readable)")
     print(f"  inspect: {_invoked_as()} show-plan {folder / OUTPUTS['plan']} --instance {folder / OUTPUTS['instance']} "

@@ -59,6 +59,11 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _child(connection, job: Job, parent: int) -> None:
+    # Ctrl-C is the parent's to handle (it kills its children): a child ignores it, even in the moment before
+    # it leaves the terminal's process group, so that it never prints a traceback of its own. SIGTERM ends a
+    # child quietly, as the default does (the parent may have made it an exception).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the parent held it during the fork
     _die_with_parent(parent)
     if "torch" in sys.modules:

@@ -4,6 +4,7 @@ choose → price → race → certify → report — each returning an immutable
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from textwrap import shorten
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -15,9 +16,30 @@ from solvers.base import incompatibility, memory_infeasibility
 from .portfolio import SAFETY_NET, PortfolioResult, Race, first_plan_allowance, optimal_over, race_members, settle
 from .recommend import Rules
 
+# The cost model every entry point plans under unless told otherwise (the CLI's --oracle, the oracle= of
+# shardbench.plan and ShardbenchPlanner): TorchRec's own estimator, so that a plan is judged as TorchRec
+# judges it.
+DEFAULT_ORACLE = "torchrec"
+# Where TorchRec cannot be imported, the analytic bandwidth model stands in (and the result's notes say so).
+FALLBACK_ORACLE = "analytic"
+# A member's reason beside its verdict is cut to this many characters, at a word (the record keeps it whole).
+REASON_WIDTH = 160
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
-PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels"}
+PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers"}
+
+
+def default_oracle() -> tuple[str, tuple[str, ...]]:
+    """The oracle for a request that names none, with what that assumed: DEFAULT_ORACLE where TorchRec can
+    be imported, else FALLBACK_ORACLE and a note saying so."""
+    from interop.common import load_torchrec
+
+    try:
+        load_torchrec()
+    except (ImportError, OSError) as exc:
+        return FALLBACK_ORACLE, (f"oracle: TorchRec cannot be imported here ({' '.join(str(exc).split())}), so "
+                                 f"{FALLBACK_ORACLE} prices the plan; name an oracle to choose another",)
+    return DEFAULT_ORACLE, ()
 
 
 @dataclass(frozen=True)
@@ -77,18 +99,22 @@ class PlanReport:
 
 def narrow(request: PlanRequest) -> Instance:
     """The instance, validated, planned with only the request's sharding types and compute kernels; every
-    table must keep an option."""
+    table must keep an option, and a table's fixed cache load factor its use (Instance.cache_problem)."""
     instance = request.instance.validate()
     restricted = instance.restricted_to(request.sharding_types)
     for table in restricted.tables:
         if not restricted.allowed_types(table):
             raise InstanceError(request.names["sharding_types"], f"leaves table {table.name} no sharding type it "
                                 f"allows (it allows {', '.join(instance.allowed_types(table))})")
+        if problem := restricted.cache_problem(table):
+            raise InstanceError(request.names["sharding_types"], f"table {table.name}: {problem}")
     restricted = restricted.restricted_to_kernels(request.compute_kernels)
     for table in restricted.tables:
         if not any(restricted.allowed_kernels(table, kind) for kind in restricted.allowed_types(table)):
             raise InstanceError(request.names["compute_kernels"], f"leaves table {table.name} no compute kernel for "
                                 f"its sharding types ({', '.join(restricted.allowed_types(table))})")
+        if problem := restricted.cache_problem(table):
+            raise InstanceError(request.names["compute_kernels"], f"table {table.name}: {problem}")
     return restricted
 
 
@@ -122,6 +148,8 @@ def admit(request: PlanRequest, instance: Instance) -> Admitted:
     the members the oracle rules out are named with the reason."""
     Budget(request.budget, gap=request.gap)
     check_seed(request.seed)
+    if request.solvers is not None and not request.solvers:
+        raise InstanceError(request.names["solvers"], "names no solver (leave it out for the recommended portfolio)")
     for name in request.solvers or ():
         get_solver(name)
     check_oracle(instance, request.oracle)
@@ -216,7 +244,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         line = f"  {m.solver:<16} {m.verdict:<30} {m.seconds:7.2f} s"
         if m.objective is not None:
             line += f"  objective {m.objective:.6g}" + ("  <- kept" if m in kept else "")
-        lines.append(line + (f"  ({' '.join(m.why.split())[:160]})" if m.why else ""))
+        lines.append(line + (f"  ({shorten(m.why, REASON_WIDTH, placeholder=' …')})" if m.why else ""))
     lines += [f"  skipped {skipped}" for skipped in result.skipped]
     if result.stopped_early:
         lines.append("  a proven optimum stopped the others" if request.gap == 0 else
@@ -282,7 +310,13 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     return PlanReport(instance, result, entered, tuple(lines), report_record(request, instance, result, entered))
 
 
-def plan_request(instance: Instance, oracle: str, **options) -> PlanRequest:
-    """A request with the solvers given as any sequence (kept as a tuple)."""
+def plan_request(instance: Instance, oracle: str | None, **options) -> PlanRequest:
+    """A request with the solvers given as any sequence (kept as a tuple), under the default oracle where
+    `oracle` is None."""
     solvers = options.pop("solvers", None)
-    return replace(PlanRequest(instance, oracle, **options), solvers=None if solvers is None else tuple(solvers))
+    notes = options.pop("notes", ())
+    if oracle is None:
+        oracle, assumed = default_oracle()
+        notes = (*notes, *assumed)
+    return replace(PlanRequest(instance, oracle, notes=tuple(notes), **options),
+                   solvers=None if solvers is None else tuple(solvers))

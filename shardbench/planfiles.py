@@ -1,5 +1,5 @@
 """TorchRec plan files: a ShardingPlan saved in a form torch loads under its safe default (weights_only),
-written atomically beside its readable per-table JSON, and loaded back. The CLI, the demo and the Python
+written beside its readable JSON (both or neither), and loaded back. The CLI, the demo and the Python
 API all write and read plan files here."""
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import io
 from pathlib import Path
 from typing import BinaryIO
 
-from instances.io import write_bytes_atomic, write_json_atomic
+from instances import Instance, Plan
+from instances.io import json_bytes, write_files_atomic
+from instances.memory import HBM, HOST
 
 
 def _plan_classes() -> dict:
@@ -19,9 +21,9 @@ def _plan_classes() -> dict:
     from interop.common import load_torchrec
 
     load_torchrec()
-    from torchrec.distributed.types import EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
+    from torchrec.distributed.types import CacheParams, EmbeddingModuleShardingPlan, ParameterSharding, ShardingPlan
 
-    return {c.__name__: c for c in (ShardingPlan, EmbeddingModuleShardingPlan, ParameterSharding,
+    return {c.__name__: c for c in (ShardingPlan, EmbeddingModuleShardingPlan, ParameterSharding, CacheParams,
                                     EnumerableShardingSpec, ShardMetadata, _remote_device)}
 
 
@@ -63,12 +65,27 @@ def sidecar_path(output: str | Path) -> str:
     return str(Path(output).with_suffix(".sharding.json"))
 
 
-def write_plan_files(sharding_plan, output: str | Path, sidecar: str | Path) -> None:
-    """The ShardingPlan at `output` and its readable per-table ParameterSharding at `sidecar`, each written
-    atomically (into memory first: torch reports a full disk as a RuntimeError, not an OSError)."""
+def sidecar(sharding_plan, instance: Instance, plan: Plan) -> dict:
+    """The readable JSON beside a ShardingPlan of `plan`: every table's ParameterSharding (its kernel and
+    cache load factor included) and what each device holds in HBM and in host memory, in bytes."""
     from interop.export import readable
 
+    used = plan.storage_per_device(instance)
+    return {"tables": readable(sharding_plan),
+            "devices": [{"rank": d, "hbm_bytes": int(used[d, HBM]), "host_bytes": int(used[d, HOST])}
+                        for d in range(instance.num_devices)]}
+
+
+def plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
+               plan: Plan) -> dict[str, bytes]:
+    """The ShardingPlan of `plan` for `output` and its readable JSON (`sidecar`) for `readable_path`, as bytes
+    (serialised in memory first: torch reports a full disk as a RuntimeError, not an OSError)."""
     buffer = io.BytesIO()
     save_sharding_plan(sharding_plan, buffer)
-    write_bytes_atomic(output, buffer.getvalue())
-    write_json_atomic(sidecar, readable(sharding_plan))
+    return {str(output): buffer.getvalue(), str(readable_path): json_bytes(sidecar(sharding_plan, instance, plan))}
+
+
+def write_plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
+                     plan: Plan) -> None:
+    """`plan_files` written both or neither (instances.io.write_files_atomic)."""
+    write_files_atomic(plan_files(sharding_plan, output, readable_path, instance, plan))

@@ -20,13 +20,14 @@ from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCo
 
 from instances import Instance, InstanceError
 from instances.kernels import HOST_KERNELS, KERNELS, kernels_for
+from instances.memory import format_bytes
 from instances.model import DEFAULT_SHARDING_TYPES, SHARDING_TYPES
 from interop.common import ShardableModule
 from interop.export import to_torchrec_model
 from interop.common import STORAGE_RESERVE
 from interop.importer import assumes_default_ddr, cache_load_factor, from_torchrec, host_memory_bytes
 
-from .pipeline import plan_request, run
+from .pipeline import DEFAULT_ORACLE, plan_request, run
 from .portfolio import PortfolioResult
 
 MODELLED = (EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBagCollection)
@@ -86,7 +87,7 @@ class ShardbenchPlanner(ShardingPlanner):
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
-                 oracle: str = "torchrec", solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
+                 oracle: str = DEFAULT_ORACLE, solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
                  storage_reservation: StorageReservation | None = None) -> None:
         self._topology = topology
         self._batch_size = batch_size if batch_size else BATCH_SIZE
@@ -149,13 +150,14 @@ class ShardbenchPlanner(ShardingPlanner):
         narrowed to what shardbench models; with the assumptions it rests on."""
         import dataclasses
 
-        configs, constraints, weighted = [], {}, []
+        configs, constraints, weighted, given_as = [], {}, [], {}
         device = self._topology.compute_device
         host = host_memory_bytes(self._topology) > 0
         for f in found:
             supported = f.sharder.sharding_types(device)
             for config in f.configs:
                 name = names[f.path, config.name]
+                given_as[name] = config.name
                 configs.append(dataclasses.replace(config, name=name))
                 if config.name in f.weighted:
                     weighted.append(name)
@@ -165,18 +167,17 @@ class ShardbenchPlanner(ShardingPlanner):
                 kernels = _allowed_kernels(config.name, given, kinds, host,
                                            lambda kind, s=f.sharder: s.compute_kernels(kind, device))
                 allowed = tuple(k for k in KERNELS if any(k in ks for ks in kernels.values()))
-                field = f"constraints[{config.name!r}].cache_params"
-                if not host and getattr(given.cache_params, "load_factor", None) is not None:
-                    raise InstanceError(f"{field}.load_factor", f"table {config.name}: a cache lives in front of host "
-                                        "memory, which this Topology has none of")
-                load_factor = cache_load_factor(given.cache_params, allowed, field, config.name)
+                load_factor = cache_load_factor(given.cache_params, f"constraints[{config.name!r}].cache_params",
+                                                config.name)
                 constraints[name] = ParameterConstraints(
                     sharding_types=list(kernels), pooling_factors=given.pooling_factors,
                     compute_kernels=list(allowed),
                     cache_params=CacheParams(load_factor=load_factor) if load_factor is not None else None)
         try:
-            instance = from_torchrec(configs, self._reserved(model, sharders), constraints, self._batch_size,
-                                     instance_id="torchrec-model", weighted=weighted, reserved=True)
+            instance = from_torchrec(
+                configs, self._reserved(model, sharders), constraints, self._batch_size, instance_id="torchrec-model",
+                weighted=weighted, reserved=True,
+                load_factor_field=lambda _, n: f"constraints[{given_as[n]!r}].cache_params.load_factor")
         except InstanceError as error:  # named as the user named it: the table's constraints, not our index
             match = re.fullmatch(r"tables\[(\d+)\]\.(\w+)", error.field)
             if match is None:
@@ -186,7 +187,7 @@ class ShardbenchPlanner(ShardingPlanner):
         notes = ()
         if host and assumes_default_ddr(self._topology):
             notes = (f"host memory: the Topology gives no ddr_cap, so TorchRec's default of "
-                     f"{instance.topology.host_memory_bytes / 2**30:g} GiB per rank was assumed, as its planner "
+                     f"{format_bytes(instance.topology.host_memory_bytes)} per rank was assumed, as its planner "
                      "assumes it; pass ddr_cap to plan with the host memory you have",)
         return instance, notes
 

@@ -11,6 +11,7 @@ import numpy as np
 from costmodels.flexshard import FlexParams
 from instances import Instance, InstanceError, PlanError, load_instance
 from instances.io import check_output_path, write_bytes_atomic, write_json_atomic
+from instances.memory import format_bytes
 from instances.model import BucketPlan, TieringPlan
 from instances.rowdist import row_source
 from solvers.buckets import (
@@ -35,17 +36,14 @@ def flexshard_for(instance: Instance, dp_multiplier: float) -> FlexShard:
     return FlexShard(tables, FlexParams.from_instance(instance, dp_multiplier))
 
 
-def _gib(x: float) -> str:
-    return f"{x / 2**30:.3f} GiB"
-
-
 def describe(t: Tiering) -> list[str]:
     lines = [f"{t.mode}: merged coverage DP {t.merged_coverage['DP']:.1%}, Flex {t.merged_coverage['Flex']:.1%}, "
              f"RW {t.merged_coverage['RW']:.1%}",
-             f"  global all-to-all per GPU per direction: {t.global_a2a_bytes:.4g} B vs RW {t.rw_global_a2a_bytes:.4g} B "
-             f"({1 - t.global_a2a_bytes / t.rw_global_a2a_bytes:.1%} less); intra-node {t.intra_a2a_bytes:.4g} B; "
-             f"all-reduce {t.allreduce_bytes:.4g} B",
-             f"  memory per GPU {_gib(t.memory_per_gpu)} vs RW {_gib(t.rw_memory_per_gpu)}; communication "
+             f"  global all-to-all per GPU per direction: {format_bytes(t.global_a2a_bytes)} vs RW "
+             f"{format_bytes(t.rw_global_a2a_bytes)} ({1 - t.global_a2a_bytes / t.rw_global_a2a_bytes:.1%} less); "
+             f"intra-node {format_bytes(t.intra_a2a_bytes)}; all-reduce {format_bytes(t.allreduce_bytes)}",
+             f"  memory per GPU {format_bytes(t.memory_per_gpu, 3)} vs RW {format_bytes(t.rw_memory_per_gpu, 3)}; "
+             "communication "
              f"{t.communication_seconds * 1e3:.2f} ms vs RW {t.rw_communication_seconds * 1e3:.2f} ms"]
     for i, name in enumerate(t.tables):
         lines.append(f"  {name}: DP {t.dp_rows[i]} rows ({t.coverage['DP'][i]:.1%}), Flex {t.flex_rows[i]} "
@@ -95,7 +93,7 @@ def cmd_flexshard(args: argparse.Namespace) -> int:
     results = [shard.two_tier(), shard.three_tier()]
     if args.extra_memory is not None:
         hybrid = shard.least_communication(args.extra_memory)
-        results.append(shard.report(f"least-communication DP/RW within {args.extra_memory:g} B extra per GPU",
+        results.append(shard.report(f"least-communication DP/RW within {format_bytes(args.extra_memory)} extra per GPU",
                                      hybrid, hybrid))
     plans = []
     for result in results:
@@ -167,8 +165,9 @@ def cmd_buckets(args: argparse.Namespace) -> int:
         moved = reshard(old, target, rows)
         naive = rehash_rows_moved(table.rows, args.trainers, args.reshard_to)
         print(f"  reshard {args.trainers} -> {args.reshard_to} trainers: {moved.rows_moved} rows "
-              f"({moved.rows_moved * row_bytes:.4g} B, {moved.rows_moved / table.rows:.1%}) move, vs {naive} rows "
-              f"({naive * row_bytes:.4g} B, {naive / table.rows:.1%}) when every id is re-hashed")
+              f"({format_bytes(moved.rows_moved * row_bytes)}, {moved.rows_moved / table.rows:.1%}) move, vs {naive} "
+              "rows "
+              f"({format_bytes(naive * row_bytes)}, {naive / table.rows:.1%}) when every id is re-hashed")
         plan = BucketPlan(instance.id, table.name, tuple(int(b) for b in target),
                           tuple(int(t) for t in moved.trainer_of_range)).validate(instance)
     if args.output:

@@ -13,7 +13,7 @@ import numpy as np
 
 from costmodels import Oracle
 from instances import Instance, Plan, PlanError
-from instances.memory import HBM, HOST, format_bytes, over_capacity, shortfall, tier_label
+from instances.memory import HBM, HOST, format_bytes, format_sizes, over_capacity, shortfall, tier_label
 from instances.model import MAX_MEMORY_BYTES
 from instances.sharding import check_capacity
 
@@ -366,17 +366,29 @@ def memory_infeasibility(problem: Problem) -> str | None:
             if not options:  # an instance narrowed after validation (restricted_to) can leave a table none
                 return (f"table {table.name} has no sharding option: its allowed types "
                         f"{', '.join(instance.allowed_types(table)) or '(none)'} cannot cut it on this topology")
-            over = [(candidates.storage[candidates.members(o)] - capacity).max(axis=0) for o in options]
-            tier = int(np.argmax(np.max(over, axis=0)))
-            need = min(int(candidates.storage[candidates.members(o)][:, tier].max()) for o in options)
-            return (f"table {table.name} needs {need} B of {tier_label(tier)} on some device in its leanest allowed "
-                    f"option, more than a device's {int(capacity[tier])} B" + _host_hint(instance, tier))
+            # Each option overflows some tier on some device; options may overflow different tiers (in HBM
+            # whole, or in host memory), so each tier is reported with the least its options need of it.
+            short: dict[int, int] = {}
+            for o in options:
+                peak = candidates.storage[candidates.members(o)].max(axis=0)
+                for tier in np.flatnonzero(peak > capacity):
+                    short[int(tier)] = min(short.get(int(tier), int(peak[tier])), int(peak[tier]))
+            if len(short) == 1:
+                (tier, need), = short.items()
+                need_text, cap_text = format_sizes(need, capacity[tier])
+                return (f"table {table.name} needs {need_text} of {tier_label(tier)} on some device in its leanest "
+                        f"allowed option, more than a device's {cap_text}" + _host_hint(instance, tier))
+            return (f"table {table.name} fits no device in any allowed option: each needs more "
+                    + " or more ".join(f"{tier_label(tier)} than a device's {cap_text} (the leanest of those "
+                                       f"{need_text})" for tier, need in sorted(short.items())
+                                       for cap_text, need_text in [format_sizes(capacity[tier], need)]))
     for tier in (HBM, HOST):
         total = sum(int(candidates.total_storage[ids, tier].min()) for ids in candidates.by_table)
         room = int(capacity[tier]) * instance.num_devices
         if total > room:
-            return (f"tables need {total} B of {tier_label(tier)} in all, more than {instance.num_devices} devices × "
-                    f"{int(capacity[tier])} B = {room} B" + _host_hint(instance, tier))
+            total_text, room_text = format_sizes(total, room)
+            return (f"tables need {total_text} of {tier_label(tier)} in all, more than {instance.num_devices} "
+                    f"devices × {format_bytes(capacity[tier])} = {room_text}" + _host_hint(instance, tier))
     return None
 
 
@@ -405,8 +417,9 @@ def whole_table_obstacle(problem: Problem) -> SolveResult | None:
             need = candidates.total_storage[options]
             tier = int(np.argmax((need > capacity).all(axis=0)) if (need > capacity).all(axis=0).any() else
                        np.argmax(need.min(axis=0) - capacity))
-            why = (f"needs {format_bytes(int(need[:, tier].min()))} of {tier_label(tier)} whole in its leanest kernel, "
-                   f"more than a device's {format_bytes(int(capacity[tier]))}")
+            need_text, cap_text = format_sizes(int(need[:, tier].min()), int(capacity[tier]))
+            why = (f"needs {need_text} of {tier_label(tier)} whole in its leanest kernel, more than a device's "
+                   f"{cap_text}")
         return SolveResult(Status.NO_PLAN, reason=f"this solver places whole tables only; table {table.name} {why}",
                            no_plan=NoPlan(Cause.UNSUPPORTED, table=t))
     leanest = np.array([candidates.total_storage[ids].min(axis=0) for ids in candidates.by_table])
@@ -449,9 +462,10 @@ def stuck(instance: Instance, table: int, tracker: MemoryTracker) -> SolveResult
     name = instance.tables[table].name
     tier, most_free = shortfall(tracker.need[table], tracker.free)
     need = int(tracker.need[table, tier])
+    need_text, free_text = format_sizes(need, most_free)
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} ({need} B of {tier_label(tier)}) fits on no device: the most free {tier_label(tier)} left is "
-        f"{most_free} B (a heuristic dead end, not a proof of infeasibility)"),
+        f"table {name} ({need_text} of {tier_label(tier)}) fits on no device: the most free {tier_label(tier)} left "
+        f"is {free_text} (a heuristic dead end, not a proof of infeasibility)"),
         no_plan=NoPlan(Cause.DEAD_END, table=table, need=need, most_free=most_free, tier=tier))
 
 

@@ -17,6 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from costmodels.flexshard import FlexParams, breakpoints, marginal_lines
+from instances.memory import format_bytes
 
 GRID_POINTS = 8192
 BRACKET_ROWS = 1 << 22  # most rows put in merged order at once (32 MiB of probabilities)
@@ -230,7 +231,7 @@ class FlexShard:
         at 0, the memory-neutral design the paper evaluates), RW after."""
         dp = self.dp_within(extra_memory)
         if dp is None:
-            raise ValueError(f"no DP/RW hybrid fits {extra_memory} B of extra memory per GPU")
+            raise ValueError(f"no DP/RW hybrid fits {format_bytes(extra_memory)} of extra memory per GPU")
         return self.report("2-tier", dp, dp)
 
     def three_tier(self) -> Tiering:

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from instances.kernels import DENSE, FUSED, FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR
-
-from instances.memory import tier_label
+from instances.memory import format_sizes, tier_label
 
 from .assembly import Assembly, Stuck, construct
 from .base import (
@@ -334,9 +333,10 @@ def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> No
 def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
     table = int(candidates.options.pieces.table[stuck.piece])
     name = candidates.instance.tables[table].name
+    need_text, free_text = format_sizes(stuck.need, stuck.most_free)
     return SolveResult(Status.NO_PLAN, reason=(
-        f"table {name} (a piece of {stuck.need} B of {tier_label(stuck.tier)}) fits on no device it may take: the "
-        f"most free {tier_label(stuck.tier)} left there is {stuck.most_free} B (a heuristic dead end, not a proof of "
+        f"table {name} (a piece of {need_text} of {tier_label(stuck.tier)}) fits on no device it may take: the "
+        f"most free {tier_label(stuck.tier)} left there is {free_text} (a heuristic dead end, not a proof of "
         "infeasibility)"),
         no_plan=NoPlan(Cause.DEAD_END, table=table, need=stuck.need, most_free=stuck.most_free, tier=stuck.tier))
 

@@ -253,11 +253,12 @@ def test_cli_errors_exit_nonzero_without_output(tmp_path, capsys):
     instance = make_instance([(1000, 16, 1.0)], 2, 100)
     save_instance(instance, tmp_path / "inf.json")
     plan = tmp_path / "plan.json"
-    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "-o", str(plan)]) != 0
+    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "--oracle", "lookup", "-o", str(plan)]) != 0
     assert "infeasible" in capsys.readouterr().out and not plan.exists()
-    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "nope", "-o", str(plan)]) == 2
+    assert main(["solve", str(tmp_path / "inf.json"), "--solver", "nope", "--oracle", "lookup", "-o", str(plan)]) == 2
     assert "unknown solver" in capsys.readouterr().err and not plan.exists()
-    assert main(["solve", str(tmp_path / "missing.json"), "--solver", "lpt", "-o", str(plan)]) == 2
+    assert main(["solve", str(tmp_path / "missing.json"), "--solver", "lpt", "--oracle", "lookup",
+                 "-o", str(plan)]) == 2
     assert "cannot read" in capsys.readouterr().err and not plan.exists()
     assert main(["solve", str(tmp_path / "inf.json"), "--solver", "lpt", "--oracle", "zzz", "-o", str(plan)]) == 2
     assert "unknown oracle" in capsys.readouterr().err

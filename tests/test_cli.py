@@ -48,7 +48,24 @@ def test_every_command_has_an_example_and_every_option_help_with_its_default(pat
 def test_defaults_are_shown_in_the_help(capsys):
     assert main(["solve", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert "(default: 10.0)" in out and "(default: lookup)" in out and "--time-limit" in out
+    assert "(default: 10.0)" in out and "--time-limit" in out
+    assert "default: torchrec, TorchRec's own estimator, or analytic where TorchRec cannot be imported" in out
+
+
+@pytest.mark.parametrize("command", [["solve", "i.json", "--solver", "lpt"], ["recommend", "i.json"],
+                                     ["plan", "i.json", "-o", "p.json"],
+                                     ["show-plan", "p.json", "--instance", "i.json"]])
+def test_every_command_with_an_oracle_defaults_to_the_one_python_uses(command):
+    """The CLI leaves the default to the pipeline, which shardbench.plan and ShardbenchPlanner share."""
+    import inspect
+
+    import shardbench
+    from shardbench.pipeline import DEFAULT_ORACLE, default_oracle
+
+    assert build_parser().parse_args(command).oracle is None
+    assert default_oracle() == (DEFAULT_ORACLE, ())  # TorchRec is installed here
+    assert inspect.signature(shardbench.plan).parameters["oracle"].default is None
+    assert inspect.signature(shardbench.ShardbenchPlanner).parameters["oracle"].default == DEFAULT_ORACLE
 
 
 OUTPUT_COMMANDS = [("instances", "sample"), ("instances", "import-raw"), ("instances", "import-torchrec"), ("solve",),

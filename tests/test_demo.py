@@ -53,7 +53,7 @@ def test_the_demo_plans_a_tiny_model_and_writes_the_folder(tmp_path, capsys, mon
     assert "over the enumerated options" in text and str(out) in text
     assert f"inspect: .venv/bin/shardbench show-plan {out / 'plan.json'} --instance {out / 'instance.json'}" in text
     readable = json.loads((out / "plan.sharding.json").read_text())
-    assert set(readable) == {t.name for t in instance.tables}
+    assert set(readable["tables"]) == {t.name for t in instance.tables}
     exported = torch.load(out / "plan.pt", weights_only=False)
     assert set(next(iter(exported.plan.values()))) == {t.name for t in instance.tables}
 
@@ -105,17 +105,25 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(tmp_path, capsys, case
 
 
 def test_a_failed_write_leaves_no_output_and_no_folder(tmp_path, capsys, monkeypatch):
-    import shardbench.demo
+    """The third output's rename fails: the two already in place go, and the folder the demo made."""
+    import errno
 
-    def full_disk(sharding_plan, output, sidecar):
-        raise OSError(28, "No space left on device")
+    import instances.io
 
-    monkeypatch.setattr(shardbench.demo, "write_plan_files", full_disk)
+    real, calls = instances.io.os.replace, []
+
+    def replace(source, target):
+        calls.append(target)
+        if len(calls) == 3:
+            raise OSError(errno.EIO, "Input/output error")
+        real(source, target)
+
+    monkeypatch.setattr(instances.io.os, "replace", replace)
     (tmp_path / "tiny.toml").write_text(TINY)
     assert main(["demo", str(tmp_path / "tiny.toml"), "--budget", "1", "-o", str(tmp_path / "new" / "out")]) == 2
     err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "No space left on device" in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]
+    assert len(err.strip().splitlines()) == 1 and "Input/output error" in err
+    assert len(calls) == 3 and sorted(p.name for p in tmp_path.iterdir()) == ["tiny.toml"]
 
 
 def test_the_shipped_example_parses_validates_and_is_what_its_script_writes():

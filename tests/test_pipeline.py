@@ -5,6 +5,8 @@ import json
 
 import pytest
 from conftest import make_instance
+from hypothesis import given
+from hypothesis import strategies as st
 
 import shardbench
 from costmodels import get_oracle
@@ -64,6 +66,30 @@ def test_admit_checks_names_oracle_and_fit_before_anything_is_priced():
         admit(PlanRequest(tiered, "lookup"), tiered)
 
 
+@pytest.mark.parametrize("argv,python,field", [
+    (["--solvers", ""], {"solvers": []}, "solvers"),
+    (["--solvers", ","], {"solvers": ()}, "solvers"),
+    (["--seed", "-1"], {"seed": -1}, "seed"),
+    (["--compute-kernels", "fused,dense"], {"compute_kernels": ("fused", "dense")}, "compute_kernels")],
+    ids=["no solvers", "only commas", "seed -1", "a load factor left no cache"])
+def test_a_bad_request_is_refused_by_name_from_the_cli_and_from_python(argv, python, field, tmp_path, capsys):
+    instance = _split()
+    if field == "compute_kernels":  # a fixed cache load factor, on devices with host memory
+        from dataclasses import replace
+
+        instance = replace(instance, tables=(replace(instance.tables[0], cache_load_factor=0.2), *instance.tables[1:]),
+                           topology=replace(instance.topology, host_memory_bytes=10**9)).validate()
+    path = tmp_path / "i.json"
+    save_instance(instance, path)
+    assert main(["plan", str(path), "--oracle", "analytic", "-o", str(tmp_path / "p.json"), *argv]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and argv[0] in err[0], err
+    with pytest.raises(Exception) as error:
+        run(PlanRequest(instance, "analytic", budget=1.0, **python))
+    assert str(error.value).startswith(f"{field}:"), str(error.value)
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_choose_takes_the_given_solvers_or_the_recommendation():
     instance = _split()
     given = PlanRequest(instance, "lookup", solvers=("lpt", "split-greedy"))
@@ -109,6 +135,23 @@ def test_report_lines_and_record_say_what_was_planned():
     assert report.record["objective"] == report.result.objective
 
 
+@given(st.lists(st.text(st.characters(whitelist_categories=("L", "N", "P")), min_size=1, max_size=30),
+                min_size=1, max_size=40))
+def test_a_members_reason_is_cut_at_a_word_never_inside_one(words):
+    from shardbench.pipeline import REASON_WIDTH
+    from shardbench.portfolio import Member, PortfolioResult
+
+    reason = " ".join(words)
+    result = PortfolioResult(None, None, None, None, 1.0, (Member("lpt", None, 0.1, True, reason),))
+    line = report_lines(PlanRequest(_split(), "lookup"), _split(), result, "units")[1]
+    shown = line.split("  (", 1)[1].removesuffix(")")
+    if len(reason) <= REASON_WIDTH:
+        assert shown == reason
+    else:
+        kept = shown.removesuffix(" …").split(" ")
+        assert shown.endswith(" …") and len(shown) <= REASON_WIDTH and kept == words[:len(kept)]
+
+
 def test_an_instance_that_cannot_fit_runs_no_member():
     crowded = make_instance([(1000, 64, 1.0)] * 4, 2, 200_000, "crowded")
     result = shardbench.plan(crowded, "lookup", 1.0, ["lpt"])
@@ -117,7 +160,11 @@ def test_an_instance_that_cannot_fit_runs_no_member():
 
 
 def test_the_cli_and_python_give_the_same_plan_for_a_deterministic_member(tmp_path):
-    instance = _split()
+    """Both on their defaults: one oracle (TorchRec's estimator, installed here) and one unit of gap."""
+    from shardbench.pipeline import DEFAULT_ORACLE
+
+    # Room for TorchRec's storage estimate, which counts input and output buffers at the batch size too.
+    instance = make_instance([(64, 16, 50.0)] + [(10, 4, 1.0)] * 6, 4, 2**32, "split", types=SHARDING_TYPES)
     path = tmp_path / "i.json"
     save_instance(instance, path)
     out = tmp_path / "p.json"
@@ -126,7 +173,27 @@ def test_the_cli_and_python_give_the_same_plan_for_a_deterministic_member(tmp_pa
     from instances import load_plan
 
     assert load_plan(out, instance) == python.plan
-    assert json.loads(out.read_text())["report"]["oracle"] == "analytic"
+    report = json.loads(out.read_text())["report"]
+    assert report["oracle"] == DEFAULT_ORACLE == "torchrec" and python.notes == ()
+
+
+def test_without_torchrec_the_default_falls_back_and_says_so(monkeypatch, tmp_path, capsys):
+    import interop.common
+    from shardbench.pipeline import FALLBACK_ORACLE
+
+    def missing():
+        raise ImportError("No module named 'torchrec'")
+
+    monkeypatch.setattr(interop.common, "load_torchrec", missing)
+    result = shardbench.plan(_split(), budget=1.0, solvers=["lpt"])
+    assert result.plan is not None and len(result.notes) == 1
+    assert result.notes[0].startswith("oracle: TorchRec cannot be imported here (No module named 'torchrec'), so "
+                                      f"{FALLBACK_ORACLE} prices the plan")
+    path = tmp_path / "i.json"
+    save_instance(_split(), path)
+    assert main(["plan", str(path), "--budget", "1", "--solvers", "lpt", "-o", str(tmp_path / "p.json")]) == 0
+    assert capsys.readouterr().out.startswith(f"note: {result.notes[0]}\nsplit under {FALLBACK_ORACLE},")
+    assert json.loads((tmp_path / "p.json").read_text())["report"]["oracle"] == FALLBACK_ORACLE
 
 
 def test_the_registries_resolve_torchrec_entries_whatever_was_imported_first():

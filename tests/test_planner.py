@@ -157,6 +157,72 @@ def test_constraints_are_honoured_or_refused_by_table_name():
         assert planner.result is None  # refused before planning
 
 
+@pytest.mark.parametrize("case", ["no host memory", "fused only"])
+def test_a_load_factor_a_table_cannot_use_gets_one_verdict_on_every_path(case, tmp_path):
+    """A cache load factor on a table where the devices have no host memory, or whose kernels leave out
+    fused_uvm_caching: the spec, an instance file and ShardbenchPlanner refuse it for the same reason, each
+    naming the field as the user wrote it."""
+    import json
+
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.types import CacheParams
+
+    from instances import instance_to_dict, load_instance
+    from interop.importer import instance_from_spec
+
+    host = case == "fused only"
+    kernels = ["fused"] if case == "fused only" else None
+    spec = {"world_size": 4, "local_world_size": 2, "hbm_cap": 2 * 2**30, "batch_size": 256,
+            "tables": [{"name": "t4", "num_embeddings": 800_000, "embedding_dim": 64}],
+            **({"ddr_cap": "16GiB"} if host else {})}
+    reasons = {}
+    with pytest.raises(InstanceError) as error:
+        instance_from_spec({**spec, "tables": [{**spec["tables"][0], "cache_load_factor": 0.2,
+                                                **({"compute_kernels": kernels} if kernels else {})}]})
+    reasons["spec"] = (error.value.field, error.value.reason)
+    doc = instance_to_dict(instance_from_spec(spec))
+    doc["tables"][0].update(cache_load_factor=0.2, **({"compute_kernels": kernels} if kernels else {}))
+    (tmp_path / "i.json").write_text(json.dumps(doc))
+    with pytest.raises(InstanceError) as error:
+        load_instance(tmp_path / "i.json")
+    reasons["instance file"] = (error.value.field, error.value.reason)
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(ddr_cap=16 * 2**30 if host else 0), batch_size=256,
+                                           constraints={"t4": ParameterConstraints(
+                                               compute_kernels=kernels, cache_params=CacheParams(load_factor=0.2))})
+    with pytest.raises(InstanceError) as error:
+        planner.plan(_dlrm_six_tables(), _sharders())
+    reasons["ShardbenchPlanner"] = (error.value.field, error.value.reason)
+    assert {path: field for path, (field, _) in reasons.items()} == {
+        "spec": "tables[0].cache_load_factor", "instance file": f"{tmp_path / 'i.json'}: tables[0].cache_load_factor",
+        "ShardbenchPlanner": "constraints['t4'].cache_params.load_factor"}
+    assert len({reason for _, reason in reasons.values()}) == 1, reasons
+    assert ("devices have none" if case == "no host memory" else "leave out") in reasons["spec"][1]
+
+
+def test_empty_pooling_factors_are_refused_by_name_on_every_path(tmp_path):
+    import json
+
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from instances import instance_to_dict, load_instance
+    from interop.importer import instance_from_spec
+
+    spec = {"world_size": 4, "local_world_size": 2, "hbm_cap": 2 * 2**30, "batch_size": 256,
+            "tables": [{"name": "t4", "num_embeddings": 1000, "embedding_dim": 64}]}
+    with pytest.raises(InstanceError, match=r"^tables\[0\]\.pooling_factors: table t4: must be a non-empty list"):
+        instance_from_spec({**spec, "tables": [{**spec["tables"][0], "pooling_factors": []}]})
+    doc = instance_to_dict(instance_from_spec(spec))
+    doc["tables"][0]["pooling_factors"] = []
+    doc["schema_version"] = 3
+    (tmp_path / "i.json").write_text(json.dumps(doc))
+    with pytest.raises(InstanceError, match=r"tables\[0\]\.pooling_factors: must be a non-empty list"):
+        load_instance(tmp_path / "i.json")
+    planner = shardbench.ShardbenchPlanner(_gpu_topology(), batch_size=256,
+                                           constraints={"t4": ParameterConstraints(pooling_factors=[])})
+    with pytest.raises(InstanceError, match=r"^constraints\['t4'\]\.pooling_factors: table t4: must be a non-empty"):
+        planner.plan(_dlrm_six_tables(), _sharders())
+
+
 def test_a_model_larger_than_hbm_plans_with_host_kernels_given_ddr_cap_and_rates_so_in_torchrec():
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.planner.types import PlannerError

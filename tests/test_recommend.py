@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import make_instance
+from hypothesis import given
+from hypothesis import strategies as st
 
 import shardbench
 from benchmarks.refit import collect_evidence, leave_one_family_out
@@ -194,8 +196,8 @@ def test_bad_questions_fail_in_one_line(tmp_path, capsys, argv, needle):
         assert not (tmp_path / "p.json").exists()
 
 
-@pytest.mark.parametrize("gap", ["100", "-1", "x"])
-def test_a_gap_outside_0_to_99_percent_is_refused(tmp_path, capsys, gap):
+@pytest.mark.parametrize("gap", ["1", "100%", "-1", "-0.5%", "x", "%", "nan"])
+def test_a_gap_outside_0_to_0_99_is_refused(tmp_path, capsys, gap):
     path = tmp_path / "i.json"
     save_instance(make_instance([(10, 4, 1.0)], 2, 10**6), path)
     for command in (["plan", str(path), "-o", str(tmp_path / "p.json")], ["solve", str(path), "--solver", "lpt"]):
@@ -203,6 +205,35 @@ def test_a_gap_outside_0_to_99_percent_is_refused(tmp_path, capsys, gap):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "--gap" in err[0]
         assert not (tmp_path / "p.json").exists()
+
+
+@given(st.decimals(0, "0.99", places=4))
+def test_a_gap_reads_the_same_as_a_fraction_or_a_percentage(fraction):
+    from shardbench.args import gap_fraction
+
+    assert gap_fraction(str(fraction)) == gap_fraction(f"{fraction * 100}%") == float(fraction)
+
+
+def test_the_cli_and_python_share_the_gap_unit_and_plan_takes_time_limit_as_solve_does(tmp_path):
+    """`--gap 0.5%`, `--gap 0.005` and `gap=0.005` are one target, recorded as the fraction."""
+    from shardbench.cli import build_parser
+
+    parser = build_parser()
+    for command in (["plan", "i.json", "-o", "p.json"], ["solve", "i.json", "--solver", "lpt"],
+                    ["recommend", "i.json"]):
+        assert parser.parse_args([*command, "--time-limit", "3"]).budget == 3.0
+        if command[0] != "recommend":
+            percent, fraction = (parser.parse_args([*command, "--gap", g]).gap for g in ("0.5%", "0.005"))
+            assert percent == fraction == 0.005
+    path = tmp_path / "i.json"
+    instance = make_instance([(10, 4, 1.0), (20, 4, 2.0)], 2, 10**6)
+    save_instance(instance, path)
+    assert main(["plan", str(path), "--oracle", "lookup", "--time-limit", "1", "--solvers", "lpt", "--gap", "0.5%",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    report = json.loads((tmp_path / "p.json").read_text())["report"]
+    assert report["gap_target"] == 0.005 and report["budget"] == 1.0
+    python = shardbench.plan(instance, "lookup", 1.0, ["lpt"], gap=0.005)
+    assert python.objective == report["objective"]
 
 
 def test_refit_refuses_empty_or_corrupt_stores(evidence, tmp_path, capsys):

@@ -335,10 +335,11 @@ def test_cli_solves_with_sharding_types_and_shows_the_plan(tmp_path, capsys):
                  "--sharding-types", "table_wise,data_parallel", "-o", str(plan)]) == 0
     data = json.loads(plan.read_text())
     assert {t["sharding_type"] for t in data["tables"]} <= {"table_wise", "data_parallel"}
-    assert main(["show-plan", str(plan), "--instance", str(tmp_path / "i.json")]) == 0
+    assert main(["show-plan", str(plan), "--instance", str(tmp_path / "i.json"), "--oracle", "analytic"]) == 0
     out = capsys.readouterr().out
     assert "device 3: cost" in out and "shards" in out
-    assert main(["solve", str(tmp_path / "i.json"), "--solver", "lpt", "--sharding-types", "row_wise,diagonal"]) == 2
+    assert main(["solve", str(tmp_path / "i.json"), "--solver", "lpt", "--oracle", "lookup",
+                 "--sharding-types", "row_wise,diagonal"]) == 2
     assert "--sharding-types" in capsys.readouterr().err
 
 
@@ -363,7 +364,8 @@ def test_cli_rejects_malformed_v2_plans(tmp_path, capsys, mutate, needle):
                               TableSharding("table_wise", (_full(7, 8, 1),))), inst)
     mutate(data)
     (tmp_path / "p.json").write_text(json.dumps(data))
-    assert main(["show-plan", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json")]) == 2
+    assert main(["show-plan", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"),
+                 "--oracle", "analytic"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["i.json", "p.json"]

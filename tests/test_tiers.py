@@ -243,6 +243,42 @@ def test_an_exported_plan_carries_kernels_and_torchrec_rates_it_as_our_oracle_do
     assert get_oracle("torchrec").plan_cost(instance, fused) < max(ours)
 
 
+def test_a_tiered_plan_loads_safely_and_reads_with_its_kernels_and_memory(tmp_path, capsys):
+    """`load_plan` loads a plan with a cached table under torch's safe loading (its CacheParams allowed);
+    the readable JSON and show-plan give each table's kernel and load factor and each device's HBM and
+    host memory."""
+    import shardbench
+    from instances import save_plan
+
+    instance = _tiered(GIB, 4 * GIB, types=("table_wise", "row_wise"), per_node=2)
+    t0, t1, t2 = instance.tables
+    plan = Plan(instance.id, (
+        TableSharding("table_wise", (Shard(1, (0, t0.rows), (0, t0.dim)),), FUSED_UVM),
+        TableSharding("row_wise", (Shard(0, (0, 1000), (0, 16)), Shard(1, (1000, 2000), (0, 16))), FUSED_UVM_CACHING,
+                      0.3),
+        TableSharding("table_wise", (Shard(0, (0, t2.rows), (0, t2.dim)),), FUSED))).validate(instance)
+    save_instance(instance, tmp_path / "i.json")
+    save_plan(plan, instance, tmp_path / "p.json")
+    assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"),
+                 "-o", str(tmp_path / "p.pt")]) == 0
+    loaded = shardbench.load_plan(tmp_path / "p.pt").plan[""]
+    assert loaded["t1"].compute_kernel == FUSED_UVM_CACHING and loaded["t1"].cache_params.load_factor == 0.3
+    readable = json.loads((tmp_path / "p.sharding.json").read_text())
+    assert [(readable["tables"][t.name]["compute_kernel"], readable["tables"][t.name]["cache_load_factor"])
+            for t in instance.tables] == [(FUSED_UVM, None), (FUSED_UVM_CACHING, 0.3), (FUSED, None)]
+    used = plan.storage_per_device(instance)
+    assert readable["devices"] == [{"rank": d, "hbm_bytes": int(used[d, 0]), "host_bytes": int(used[d, 1])}
+                                   for d in range(2)]
+    capsys.readouterr()
+    assert main(["show-plan", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"),
+                 "--oracle", "analytic"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "table t1: row_wise, fused_uvm_caching, load factor 0.3, on devices 0, 1" in lines
+    assert "table t0: table_wise, fused_uvm, on device 1" in lines
+    assert all("HBM " in line and "host memory " in line and "GiB" in line
+               for line in lines if line.startswith("device "))
+
+
 def test_a_fixed_cache_load_factor_is_the_only_one_offered():
     instance = _tiered(GIB, GIB)
     fixed = dataclasses.replace(instance, tables=(dataclasses.replace(instance.tables[0], cache_load_factor=0.2),

@@ -161,9 +161,13 @@ def test_cli_imports_a_spec_and_rejects_bad_ones(tmp_path, capsys):
                                                                                   "ctx: must be a number in (0, 1]"),
                            (lambda s: s["tables"][2].update(cache_load_factor=float("nan")),
                             "tables[2].cache_load_factor"),
-                           (lambda s: s["tables"][2].update(cache_load_factor=0.2, compute_kernels=["fused"]),
+                           (lambda s: s.update(ddr_cap="64GiB") or s["tables"][2].update(cache_load_factor=0.2,
+                                                                                          compute_kernels=["fused"]),
                             "tables[2].cache_load_factor: table ctx: a cache load factor is for fused_uvm_caching "
                             "only"),
+                           (lambda s: s["tables"][2].update(cache_load_factor=0.2),
+                            "tables[2].cache_load_factor: table ctx: a cache load factor sizes the HBM cache of a "
+                            "table kept in host memory, and the devices have none"),
                            (lambda s: s.update(ssd_cap=12), "ssd_cap: 12 B per device is less than 1 MiB"),
                            (lambda s: s.update(optimizer="lamb"), "optimizer: must be one of"),
                            (lambda s: s.update(world_size=10**7), "world_size: 10000000 devices is more than"),
@@ -378,7 +382,8 @@ def test_export_keys_the_plan_by_module_path_and_loads_under_torch_defaults(tmp_
     loaded = shardbench.load_plan(tmp_path / "plan.pt")
     assert loaded == to_torchrec(instance, _plans(instance), path=path)
     assert list(loaded.plan) == [path]
-    assert set(json.loads((tmp_path / "plan.sharding.json").read_text())) == {f"{path}.{t.name}" for t in instance.tables}
+    readable = json.loads((tmp_path / "plan.sharding.json").read_text())
+    assert set(readable["tables"]) == {f"{path}.{t.name}" for t in instance.tables}
     assert main(["plan", str(tmp_path / "i.json"), "--oracle", "lookup", "--budget", "1", "--solvers", "best-greedy",
                  "-o", str(tmp_path / "best.json"), "--torchrec-out", str(tmp_path / "best.pt"), "--module-path", path]) == 0
     assert list(shardbench.load_plan(tmp_path / "best.pt").plan) == [path]
@@ -461,8 +466,8 @@ def test_an_exported_plan_runs_forward_and_backward_on_two_gloo_processes(tmp_pa
     assert main(["export-torchrec", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "-o",
                  str(tmp_path / "plan.pt"), "--device-type", "cpu"]) == 0
     readable = json.loads((tmp_path / "plan.sharding.json").read_text())
-    assert {v["sharding_type"] for v in readable.values()} == {"table_wise", "column_wise", "row_wise",
-                                                              "table_row_wise", "data_parallel", "table_column_wise"}
+    assert {v["sharding_type"] for v in readable["tables"].values()} == {
+        "table_wise", "column_wise", "row_wise", "table_row_wise", "data_parallel", "table_column_wise"}
     results = run_on_two_gloo_processes(str(tmp_path / "i.json"), str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
     for result in results:
         assert result["ok"], result
