@@ -30,6 +30,7 @@ TINY_MIN_ROWS = 100
 # TorchRec's default batch per rank (its planner's BATCH_SIZE) for its test models; MLPerf's global 65,536
 # over 8 ranks for the Criteo models.
 TEST_BATCH, CRITEO_BATCH = 512, 8192
+TEST_FLOAT_FEATURES = 10  # TorchRec's test models' default num_float_features
 
 REGIMES = {
     "fits": "80 GiB of HBM per rank: every table fits in HBM",
@@ -45,6 +46,7 @@ CRITEO_ROWS = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000,
                155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)
 CRITEO_HOT = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 CRITEO_DIM = 128
+CRITEO_DENSE = 13
 
 # The test models' tables: (rows, dim, pooling factor per feature), a spread of sizes and lookups.
 PLAIN = ((10_000_000, 128, (20,)), (5_000_000, 64, (1,)), (2_000_000, 128, (8,)), (1_000_000, 64, (3,)),
@@ -59,8 +61,10 @@ POSITION_WEIGHTED = (("pw0", 3_000_000, 64, 40), ("pw1", 200_000, 64, 10))
 
 @dataclass(frozen=True)
 class ZooModel:
-    """A model on the meta device with what planning it takes: the sharders that shard it, pooling factors
-    per feature as ParameterConstraints by table name, the batch per rank, and its ranks."""
+    """A model (on the meta device unless built on another) with what planning it takes: the sharders that
+    shard it, pooling factors per feature as ParameterConstraints by table name, the batch per rank, and its
+    ranks; `batch(n, seed)` gives the arguments of one forward over n samples, on cpu (a ModelInput, whose
+    label TorchRec's test models score themselves in training, or a DLRM's dense features and KeyedJaggedTensor)."""
 
     name: str
     source: str
@@ -72,6 +76,7 @@ class ZooModel:
     local_world_size: int
     tables: int
     features: int
+    batch: Callable[[int, int], tuple]
 
 
 def _rows(rows: int, tiny: bool) -> int:
@@ -105,15 +110,29 @@ def _sharders(*kinds: str) -> tuple:
     return tuple(made[k]() for k in kinds)
 
 
-def _test_model(name: str, source: str, build: Callable, sharders: tuple, constraints: dict) -> ZooModel:
-    """One of TorchRec's test models on 4 ranks in 2 nodes, built with every tensor it allows on meta."""
+def _test_model(name: str, source: str, build: Callable, sharders: tuple, constraints: dict, device: str,
+                tables: list, weighted: list | tuple = (), max_lengths: dict | None = None) -> ZooModel:
+    """One of TorchRec's test models on 4 ranks in 2 nodes, built with every tensor it allows on `device`; its
+    batches are ModelInput.generate's over its `tables` and `weighted` tables, position-weighted features
+    capped at `max_lengths` (their position weights end there)."""
     import torch
 
-    with torch.device("meta"):
-        model = build(torch.device("meta"))
+    with torch.device(device):
+        model = build(torch.device(device))
     configs = [c for m in model.modules() for c in _module_configs(m)]
+    # Per feature, as ModelInput.generate takes them; 0 leaves a feature uncapped.
+    capped = None if max_lengths is None else [max_lengths.get(f, 0) for t in tables for f in t.feature_names]
+
+    def batch(size: int, seed: int) -> tuple:
+        from torchrec.distributed.test_utils.test_model import ModelInput
+
+        _, (local,) = ModelInput.generate(batch_size=size, world_size=1, num_float_features=TEST_FLOAT_FEATURES,
+                                          tables=tables, weighted_tables=list(weighted),
+                                          max_feature_lengths=capped, random_seed=seed)
+        return (local,)
+
     return ZooModel(name, source, model, sharders, constraints, TEST_BATCH, 4, 2, len(configs),
-                    sum(len(c.feature_names) for c in configs))
+                    sum(len(c.feature_names) for c in configs), batch)
 
 
 def _module_configs(module) -> list:
@@ -129,16 +148,16 @@ def _module_configs(module) -> list:
 SPARSE_NN = "torchrec.distributed.test_utils.test_model.TestSparseNN"
 
 
-def sparse_nn(tiny: bool = False) -> ZooModel:
+def sparse_nn(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingBagConfig
     from torchrec.distributed.test_utils.test_model import TestSparseNN
 
     tables = _configs(EmbeddingBagConfig, "t", PLAIN, tiny)
     return _test_model("sparse-nn", SPARSE_NN, lambda d: TestSparseNN(tables=tables, dense_device=d, sparse_device=d),
-                       _sharders("ebc"), _constraints("t", PLAIN))
+                       _sharders("ebc"), _constraints("t", PLAIN), device, tables)
 
 
-def sparse_nn_weighted(tiny: bool = False) -> ZooModel:
+def sparse_nn_weighted(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingBagConfig
     from torchrec.distributed.test_utils.test_model import TestSparseNN
 
@@ -146,40 +165,42 @@ def sparse_nn_weighted(tiny: bool = False) -> ZooModel:
     weighted = _configs(EmbeddingBagConfig, "w", WEIGHTED, tiny)
     return _test_model("sparse-nn-weighted", SPARSE_NN + " (weighted_tables)",
                        lambda d: TestSparseNN(tables=tables, weighted_tables=weighted, dense_device=d, sparse_device=d),
-                       _sharders("ebc"), {**_constraints("t", PLAIN[:5]), **_constraints("w", WEIGHTED)})
+                       _sharders("ebc"), {**_constraints("t", PLAIN[:5]), **_constraints("w", WEIGHTED)}, device,
+                       tables, weighted)
 
 
-def sparse_nn_multi_feature(tiny: bool = False) -> ZooModel:
+def sparse_nn_multi_feature(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingBagConfig
     from torchrec.distributed.test_utils.test_model import TestSparseNN
 
     tables = _configs(EmbeddingBagConfig, "m", MULTI_FEATURE, tiny)
     return _test_model("sparse-nn-multi-feature", SPARSE_NN + " (3 features per table)",
                        lambda d: TestSparseNN(tables=tables, dense_device=d, sparse_device=d),
-                       _sharders("ebc"), _constraints("m", MULTI_FEATURE))
+                       _sharders("ebc"), _constraints("m", MULTI_FEATURE), device, tables)
 
 
-def sparse_nn_sequence(tiny: bool = False) -> ZooModel:
+def sparse_nn_sequence(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingConfig
     from torchrec.distributed.test_utils.test_model import TestSparseNN
 
     tables = _configs(EmbeddingConfig, "s", SEQUENCE, tiny)
     return _test_model("sparse-nn-sequence", SPARSE_NN + " (EmbeddingConfig tables: TestECSparseArch)",
                        lambda d: TestSparseNN(tables=tables, dense_device=d, sparse_device=d),
-                       _sharders("ec"), _constraints("s", SEQUENCE))
+                       _sharders("ec"), _constraints("s", SEQUENCE), device, tables)
 
 
-def mixed_ebc_ec(tiny: bool = False) -> ZooModel:
+def mixed_ebc_ec(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingBagConfig, EmbeddingConfig
     from torchrec.distributed.test_utils.test_model import TestMixedEmbeddingSparseArch
 
     tables = _configs(EmbeddingBagConfig, "t", PLAIN[:5], tiny) + _configs(EmbeddingConfig, "s", SEQUENCE, tiny)
     return _test_model("mixed-ebc-ec", "torchrec.distributed.test_utils.test_model.TestMixedEmbeddingSparseArch",
                        lambda d: TestMixedEmbeddingSparseArch(tables=tables, dense_device=d, sparse_device=d, device=d),
-                       _sharders("ebc", "ec"), {**_constraints("t", PLAIN[:5]), **_constraints("s", SEQUENCE)})
+                       _sharders("ebc", "ec"), {**_constraints("t", PLAIN[:5]), **_constraints("s", SEQUENCE)},
+                       device, tables)
 
 
-def sparse_nn_position_weighted(tiny: bool = False) -> ZooModel:
+def sparse_nn_position_weighted(tiny: bool = False, device: str = "meta") -> ZooModel:
     from torchrec import EmbeddingBagConfig
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.distributed.test_utils.test_model import TestSparseNN
@@ -196,40 +217,51 @@ def sparse_nn_position_weighted(tiny: bool = False) -> ZooModel:
                        "FeatureProcessedEmbeddingBagCollection with PositionWeightedModuleCollection)",
                        lambda d: TestSparseNN(tables=tables, max_feature_lengths=lengths, dense_device=d,
                                               sparse_device=d),
-                       _sharders("ebc", "fp-ebc"), constraints)
+                       _sharders("ebc", "fp-ebc"), constraints, device, tables, max_lengths=lengths)
 
 
-def _criteo(name: str, kind: str, tiny: bool) -> ZooModel:
+def _criteo(name: str, kind: str, tiny: bool, device: str) -> ZooModel:
     """torchrec.models.dlrm's `kind` with MLPerf DLRM-DCNv2's arch sizes and Criteo-1TB tables, fp32 (TorchRec's
-    default), 8 ranks in one node."""
+    default), 8 ranks in one node; its batches take each table's multi-hot size of lookups per sample."""
     import torch
-    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
+    from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
     from torchrec.distributed.planner import ParameterConstraints
     from torchrec.models import dlrm
 
     tables = [EmbeddingBagConfig(name=f"t_cat_{i}", num_embeddings=_rows(rows, tiny), embedding_dim=CRITEO_DIM,
                                  feature_names=[f"cat_{i}"]) for i, rows in enumerate(CRITEO_ROWS)]
     extra = {"dcn_num_layers": 3, "dcn_low_rank_dim": 512} if kind == "DLRM_DCN" else {}
-    with torch.device("meta"):  # DLRM_DCN builds its cross net without a device argument
-        ebc = EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-        model = getattr(dlrm, kind)(embedding_bag_collection=ebc, dense_in_features=13,
+    with torch.device(device):  # DLRM_DCN builds its cross net without a device argument
+        ebc = EmbeddingBagCollection(tables=tables, device=torch.device(device))
+        model = getattr(dlrm, kind)(embedding_bag_collection=ebc, dense_in_features=CRITEO_DENSE,
                                     dense_arch_layer_sizes=[512, 256, CRITEO_DIM],
                                     over_arch_layer_sizes=[1024, 1024, 512, 256, 1],
-                                    dense_device=torch.device("meta"), **extra)
+                                    dense_device=torch.device(device), **extra)
     constraints = {f"t_cat_{i}": ParameterConstraints(pooling_factors=[float(h)]) for i, h in enumerate(CRITEO_HOT)}
+
+    def batch(size: int, seed: int) -> tuple:
+        generator = torch.Generator().manual_seed(seed)
+        values = torch.cat([torch.randint(0, t.num_embeddings, (hot * size,), generator=generator)
+                            for t, hot in zip(tables, CRITEO_HOT)])
+        # A KeyedJaggedTensor's lengths run key by key, each over the batch.
+        lengths = torch.tensor(CRITEO_HOT).repeat_interleave(size)
+        return (torch.rand(size, CRITEO_DENSE, generator=generator),
+                KeyedJaggedTensor.from_lengths_sync(keys=[f"cat_{i}" for i in range(len(tables))], values=values,
+                                                    lengths=lengths))
+
     return ZooModel(name, f"torchrec.models.dlrm.{kind}", model, _sharders("ebc"), constraints, CRITEO_BATCH, 8, 8,
-                    len(tables), len(tables))
+                    len(tables), len(tables), batch)
 
 
-def dlrm_criteo(tiny: bool = False) -> ZooModel:
-    return _criteo("dlrm-criteo", "DLRM", tiny)
+def dlrm_criteo(tiny: bool = False, device: str = "meta") -> ZooModel:
+    return _criteo("dlrm-criteo", "DLRM", tiny, device)
 
 
-def dlrm_dcn_criteo(tiny: bool = False) -> ZooModel:
-    return _criteo("dlrm-dcn-criteo", "DLRM_DCN", tiny)
+def dlrm_dcn_criteo(tiny: bool = False, device: str = "meta") -> ZooModel:
+    return _criteo("dlrm-dcn-criteo", "DLRM_DCN", tiny, device)
 
 
-MODELS: dict[str, Callable[[bool], ZooModel]] = {
+MODELS: dict[str, Callable[..., ZooModel]] = {
     "sparse-nn": sparse_nn,
     "sparse-nn-weighted": sparse_nn_weighted,
     "sparse-nn-multi-feature": sparse_nn_multi_feature,

@@ -4,7 +4,8 @@ EmbeddingBagCollection, or with `--dlrm` a small TorchRec DLRM (`small_dlrm`) wh
 made; then each rank also plans it with `collective_plan` and reports that plan. With `--quickstart` each
 rank runs README's quickstart as written — `ShardbenchPlanner(...).plan(model, sharders)`, then DMP — with
 a portfolio that differs per rank, so that only planning once and broadcasting gives both the same plan.
-Usage: gloo_worker.py [--dlrm | --quickstart] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank>)."""
+With `--zoo MODELS` (comma-separated, in INSTANCE's place) each rank does the same with each zoo model, tiny on cpu.
+Usage: gloo_worker.py [--dlrm | --quickstart | --zoo] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank>)."""
 import json
 import math
 import os
@@ -16,6 +17,7 @@ import warnings
 DLRM_ROWS = (40, 60, 25, 80)  # one table per feature, all of DLRM_DIM columns (DLRM's interaction needs one dim)
 DLRM_DIM = 8
 DLRM_DENSE = 4
+ZOO_BATCH = 8  # samples per rank, for planning and for the step
 
 
 def small_dlrm(embedding_device: str = "meta", dense_device: str = "cpu"):
@@ -97,6 +99,55 @@ def _run_quickstart(rank: int) -> dict:
             "alone": readable(alone._plan_here(small_dlrm(dense_device="meta"), sharders))}
 
 
+def _run_zoo(rank: int, names: str) -> dict:
+    """Per zoo model: planned by every rank with plan() (rank 0 plans, every rank gets its plan), sharded by
+    DMP with the model's sharders, one forward and backward; its plan and sharding types, or the stage it
+    failed at with the error and the function that raised it."""
+    from collections import Counter
+
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    import shardbench
+    from benchmarks import zoo
+    from interop.export import readable
+
+    models = {}
+    for name in names.split(","):
+        report, stage = {}, "build"
+        try:
+            model = zoo.MODELS[name](tiny=True, device="cpu")
+            stage = "plan"
+            planner = shardbench.ShardbenchPlanner(cpu_topology(), batch_size=ZOO_BATCH, budget=1.0,
+                                                   constraints=model.constraints)
+            plan = planner.plan(model.model, list(model.sharders))
+            report = {"plan": readable(plan), "planned_here": planner.result is not None,
+                      "sharding_types": dict(Counter(p.sharding_type for module_plan in plan.plan.values()
+                                                     for p in module_plan.values()))}
+            stage = "shard"
+            sharded = DistributedModelParallel(model.model, device=torch.device("cpu"), plan=plan,
+                                               env=ShardingEnv.from_process_group(dist.group.WORLD),
+                                               sharders=list(model.sharders))
+            stage = "forward"
+            output = sharded(*model.batch(ZOO_BATCH, rank))
+            if isinstance(output, tuple):  # TorchRec's test models in training: (loss, prediction)
+                loss = output[0]
+            else:  # a DLRM's logits, scored against random clicks
+                clicks = torch.randint(0, 2, output.shape, generator=torch.Generator().manual_seed(rank))
+                loss = F.binary_cross_entropy_with_logits(output, clicks.float())
+            stage = "backward"
+            loss.backward()
+            models[name] = {"ok": True, "loss_finite": math.isfinite(float(loss)), **report}
+        except Exception as exc:  # noqa: BLE001 - the model's row: the test decides whose failure it is
+            frame = traceback.extract_tb(exc.__traceback__)[-1]
+            models[name] = {"ok": False, "stage": stage, "error": f"{type(exc).__name__}: {exc}",
+                            "raised_in": f"{frame.filename}:{frame.name}", **report}
+    return {"ok": True, "models": models}
+
+
 def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -134,6 +185,8 @@ def worker(rank: int, world: int, mode: str, instance_path: str, plan_path: str,
             result = _run_dlrm(rank, plan_path)
         elif mode == "--quickstart":
             result = _run_quickstart(rank)
+        elif mode == "--zoo":
+            result = _run_zoo(rank, instance_path)
         else:
             result = _run_instance(rank, instance_path, plan_path)
     except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
