@@ -31,7 +31,7 @@ try:
     )
     from instances.dlrm_loader import load_raw_tables
     from instances.io import check_output_path, plan_file, write_files_atomic, write_json_atomic
-    from instances.memory import HBM, describe, format_bytes, storage_fields
+    from instances.memory import HBM, describe, format_bytes, format_sizes, storage_fields
     from instances.model import DTYPE_BYTES, LEGACY_SHARDING_TYPES, OPTIMIZERS, Topology, Workload
     from instances.sampler import PROTOCOLS, SPLITS, MemorySpec, TaskSpec, sample_tasks
     from solvers import (
@@ -349,6 +349,7 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
     print(f"under {oracle.name}: max device cost {max(totals):.6g} {oracle.unit}, balance "
           f"{min(totals) / max(totals) if max(totals) > 0 else 1.0:.3f}; peak memory {describe(memory.max(axis=0), capacity)}")
     print("compute kernels: " + ", ".join(f"{k} {v}" for k, v in plan.kernels().items()))
+    print(_torchrec_storage_line(instance, plan))
     if not args.brief:
         for table, sharding in zip(instance.tables, plan.tables):
             devices = sorted({shard.device for shard in sharding.shards})
@@ -361,8 +362,10 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
             part = ""
             if sharding.sharding_type in ("row_wise", "table_row_wise"):
                 part = f" rows {shard.rows[0]}:{shard.rows[1]}"
-            elif sharding.sharding_type == "column_wise":
+            elif sharding.sharding_type in ("column_wise", "table_column_wise"):
                 part = f" cols {shard.cols[0]}:{shard.cols[1]}"
+            elif sharding.sharding_type == "grid_shard":
+                part = f" rows {shard.rows[0]}:{shard.rows[1]} cols {shard.cols[0]}:{shard.cols[1]}"
             shards[shard.device].append(f"{table.name} {sharding.sharding_type}{part}")
     for d, (cost, used) in enumerate(zip(costs, memory)):
         breakdown = (f" (forward {cost.forward_compute:.4g}, backward {cost.backward_compute:.4g}, forward comm "
@@ -372,6 +375,19 @@ def _cmd_show_plan(args: argparse.Namespace) -> int:
         if not args.brief:
             print("  " + "; ".join(shards[d]))
     return 0
+
+
+def _torchrec_storage_line(instance, plan) -> str:
+    """The plan's peak HBM by TorchRec's own storage estimate (what export checks), against a device's."""
+    try:
+        from interop.oracle import TorchRecOracle
+
+        peak = int(TorchRecOracle().storage_per_device(instance, plan)[:, HBM].max())
+    except ImportError as exc:  # TorchRec not installed: say so instead of the check
+        return f"by TorchRec's storage estimate: not checked ({exc})"
+    peak_text, capacity_text = format_sizes(peak, instance.topology.memory_bytes)
+    verdict = "fits" if peak <= instance.topology.memory_bytes else "OVER: export refuses this plan"
+    return f"by TorchRec's storage estimate: peak HBM {peak_text} of {capacity_text} per device ({verdict})"
 
 
 def _cmd_solvers(args: argparse.Namespace) -> int:

@@ -47,9 +47,12 @@ SLOW = {
 
 
 def _instance(tmp_path: Path) -> Path:
+    """Small enough at batch 16 that its plan fits TorchRec's storage estimate too (export checks it)."""
+    import dataclasses
+
     path = tmp_path / "instance.json"
-    save_instance(make_instance([(1000, 16, 2.0), (500, 8, 1.0), (200, 8, 1.0)], 2, 10**6, "small",
-                                types=SHARDING_TYPES), path)
+    instance = make_instance([(1000, 16, 2.0), (500, 8, 1.0), (200, 8, 1.0)], 2, 10**6, "small", types=SHARDING_TYPES)
+    save_instance(dataclasses.replace(instance, workload=dataclasses.replace(instance.workload, batch_size=16)), path)
     return path
 
 

@@ -508,3 +508,8 @@ def test_no_plan_we_export_exceeds_hbm_by_torchrecs_storage_estimate(tmp_path, c
                  "-o", str(tmp_path / "plan.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "by TorchRec's storage estimate" in err[0] and not (tmp_path / "plan.pt").exists()
+    # show-plan says it too, beside our own count.
+    assert main(["show-plan", str(tmp_path / "p.json"), "--instance", str(tmp_path / "i.json"), "--oracle", "analytic",
+                 "--brief"]) == 0
+    out = capsys.readouterr().out
+    assert "by TorchRec's storage estimate: peak HBM" in out and "OVER: export refuses this plan" in out
