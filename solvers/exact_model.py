@@ -7,7 +7,7 @@ options"`).
 
 Variables: y[o] picks option o of a table (a constant where a table has one option); a free option of c
 equal pieces has n[o, d] ∈ 0..c pieces on device d with Σ_d n = c·y; a node option has z[o, node] with
-Σ z = y; a node_free option (table-column-wise) has z[o, node] and its c pieces n[o, d] on the devices of
+Σ z = y (written as a grid of one block, below); a node_free option (table-column-wise) has z[o, node] and its c pieces n[o, d] on the devices of
 the chosen node, Σ_{d in node} n = c·z; a grid of c blocks has g[o, node] ∈ 0..c blocks on each node with
 Σ g = c·y; pinned options add their per-device costs and memory through y. Devices of one node that every
 pinned and node option treats alike are interchangeable: they are numbered by first use, so that the
@@ -159,8 +159,7 @@ def relabelled_free_devices(candidates: Candidates, assembly: Assembly, order: n
 def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     """The model, with the start as a complete hint."""
     instance = candidates.instance
-    k, per_node = candidates.num_devices, instance.topology.devices_per_node
-    nodes = k // per_node
+    k = candidates.num_devices
     weight = np.array([candidates.work[ids].min() for ids in candidates.by_table])
     order = order_by_cost(weight)
     classes = device_classes(candidates)
@@ -222,29 +221,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     memory_terms[d][1].append(needs[d])
             elif placement == "node_free":
                 _node_free_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
-            elif placement == "grid":
+            else:  # a node option is a grid of one block
                 _grid_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
-            else:
-                members = candidates.members(o)
-                costs, needs = candidates.priced.costs[members], candidates.storage[members]
-                node_hint = (int(start.assembly.device[members[0]]) // per_node
-                             if picked and start.assembly is not None else -1)
-                z_vars = []
-                for node in range(nodes):
-                    v = model.var(f"z{o}_{node}", 1, float(node == node_hint), ("z", o, node))
-                    z_vars.append(v)
-                    for i in range(per_node):
-                        d = node * per_node + i
-                        cost_terms[d][0].append(v)
-                        cost_terms[d][1].append(float(costs[i]))
-                        memory_terms[d][0].append(v)
-                        memory_terms[d][1].append(needs[i])
-                if picked and node_hint >= 0:
-                    loads[node_hint * per_node:(node_hint + 1) * per_node] += costs
-                if o in y_vars:
-                    model.choices.append((z_vars + [y_vars[o]], [1] * nodes + [-1], 0))
-                else:
-                    model.choices.append((z_vars, [1] * nodes, 1))
         used_before += most_parts
     model.costs = cost_terms
     capacity = instance.topology.capacity.as_array()
@@ -292,8 +270,8 @@ def _node_free_terms(model: LinearModel, candidates: Candidates, o: int, picked:
 
 def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool, start: ExactStart,
                 y: int | None, cost_terms: list, memory_terms: list, loads: np.ndarray) -> None:
-    """A grid of c alike blocks: g[o, node] ∈ 0..c of them on each node (Σ g = c·y), each putting its piece
-    of local rank i on the node's device i."""
+    """A grid of c alike blocks (a node option: one): g[o, node] ∈ 0..c of them on each node (Σ g = c·y), each
+    putting its piece of local rank i on the node's device i."""
     k, per_node = candidates.num_devices, candidates.instance.topology.devices_per_node
     members = candidates.members(o)
     blocks = int(candidates.options.block[members].max()) + 1
@@ -331,8 +309,6 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
             n = int(round(values[v]))
             if n > 0:
                 counts.setdefault(o, []).append((where, n))
-        elif kind == "z" and values[v] > 0.5 and candidates.placement(o) == "node":
-            device[candidates.members(o)] = candidates.devices(o, node=where)
     for o in chosen:
         placement = candidates.placement(o)
         spread = [where for where, n in sorted(counts.get(o, [])) for _ in range(n)]
@@ -340,10 +316,10 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
             device[candidates.members(o)] = candidates.devices(o)
         elif placement in ("free", "node_free"):  # n[o, d] pieces on device d (a node_free one's all on its node)
             device[candidates.members(o)] = spread
-        elif placement == "grid":  # g[o, node] blocks on each node, in block order
-            device[candidates.members(o)] = candidates.devices(o, node=spread)
-        elif device[candidates.members(o)[0]] < 0:
-            raise ValueError(f"option {o}: no node chosen")
+        elif placement in ("grid", "node"):  # g[o, node] blocks on each node, in block order
+            if not spread:
+                raise ValueError(f"option {o}: no node chosen")
+            device[candidates.members(o)] = candidates.devices(o, node=spread if placement == "grid" else spread[0])
     return chosen, device
 
 
