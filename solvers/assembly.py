@@ -1,8 +1,9 @@
 """A sharded plan under construction or change, over the priced candidates: an option per table, a device
-per piece of the chosen options, free memory per device, and the oracle's incremental device state. On
-it, the split-aware greedy skeleton: fit an option's pieces where they cost least (free pieces one by
-one on the device with room whose cost after adding is lowest; a node option on the node whose busiest
-device ends lowest; pinned pieces where they are pinned), and construct a plan table by table."""
+per piece of the chosen options, free memory per device, the oracle's incremental device state and, in a
+replan, the bytes moved from the previous plan. On it, the split-aware greedy skeleton: fit an option's
+pieces where they cost least (free pieces one by one on the device with room whose cost after adding is
+lowest; a node option on the node whose busiest device ends lowest; pinned pieces where they are pinned),
+and construct a plan table by table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,6 +59,8 @@ class Assembly:
         self.free = np.array(instance.capacity, dtype=np.int64)
         self.chosen = np.full(instance.num_tables, -1, dtype=np.int64)
         self.device = np.full(len(candidates.options.pieces), -1, dtype=np.int64)
+        self.moves = candidates.moves
+        self.moved = 0  # bytes the placed pieces move from a replan's previous plan
 
     # ------------------------------------------------------------ reading
 
@@ -74,6 +77,14 @@ class Assembly:
     def on(self, device: int) -> np.ndarray:
         return np.flatnonzero(self.device == device)
 
+    def allowance(self) -> float:
+        """Bytes the move budget has left (infinite where there is no budget)."""
+        return np.inf if self.moves is None else self.moves.budget - self.moved
+
+    def moved_by(self, pieces: np.ndarray, devices: np.ndarray) -> int:
+        """Bytes these pieces move from the previous plan on these devices (0 when not replanning)."""
+        return 0 if self.moves is None else int(self.moves.moved(pieces, devices).sum())
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.chosen.copy(), self.device.copy()
 
@@ -85,6 +96,7 @@ class Assembly:
     def put(self, option: int, devices: np.ndarray) -> None:
         members = self.c.members(option)
         self.state.add_many(members, devices)
+        self.moved += self.moved_by(members, devices)
         np.subtract.at(self.free, devices, self.memory[members])
         self.device[members] = devices
         self.chosen[self.c.options.options[option].table] = option
@@ -95,6 +107,7 @@ class Assembly:
         members = self.c.members(option)
         devices = self.device[members].copy()
         self.state.remove_many(members, devices)
+        self.moved -= self.moved_by(members, devices)
         np.add.at(self.free, devices, self.memory[members])
         self.device[members] = -1
         self.chosen[table] = -1
@@ -102,6 +115,9 @@ class Assembly:
 
     def move(self, piece: int, device: int) -> None:
         source = int(self.device[piece])
+        if self.moves is not None:
+            self.moved += self.moved_by(np.array([piece]), np.array([device])) - \
+                self.moved_by(np.array([piece]), np.array([source]))
         self.state.remove(piece, source)
         self.free[source] += self.memory[piece]
         self.state.add(piece, device)
@@ -117,8 +133,9 @@ class Assembly:
 
     # ------------------------------------------------------------ fitting an option
 
-    def fit(self, option: int) -> Trial | Stuck:
-        """Devices for the option's pieces given what is placed now (nothing changes)."""
+    def fit(self, option: int) -> Trial | Stuck | None:
+        """Devices for the option's pieces given what is placed now (nothing changes); None where every
+        placement with room would move more bytes than the move budget has left."""
         members = self.c.members(option)
         need = self.memory[members]
         placement = self.c.placement(option)
@@ -128,11 +145,16 @@ class Assembly:
             if short.size:
                 p = int(short[0])
                 return _short_on(int(members[p]), need[p], self.free[devices[p]])
+            if self.moved_by(members, devices) > self.allowance():
+                return None
             return Trial(option, devices, self.state.costs_with(members, devices))
         if placement == "node":
             best, stuck = None, None
-            for node in range(self.k // self.per_node):
+            fixed = -1 if self.moves is None else int(self.moves.fixed_node[option])
+            for node in range(self.k // self.per_node) if fixed < 0 else (fixed,):
                 devices = self.c.devices(option, node=node)
+                if self.moved_by(members, devices) > self.allowance():
+                    continue
                 short = np.flatnonzero((self.free[devices] < need).any(axis=1))
                 if short.size:
                     p = int(short[0])
@@ -144,8 +166,15 @@ class Assembly:
             return best if best is not None else stuck
         devices = np.empty(members.size, dtype=np.int64)
         free = self.free.copy()
+        left = self.allowance()
         for i, piece in enumerate(members):
             room = np.flatnonzero((free >= need[i]).all(axis=1))
+            if self.moves is not None:
+                affordable = room[self.moves.moved(np.full(room.size, piece), room) <= left]
+                if room.size and affordable.size == 0:
+                    self.state.remove_many(members[:i], devices[:i])
+                    return None
+                room = affordable
             if room.size == 0:
                 self.state.remove_many(members[:i], devices[:i])
                 tier, most_free = shortfall(need[i], free)
@@ -154,6 +183,7 @@ class Assembly:
             devices[i] = room[int(np.argmin(after))]
             self.state.add(int(piece), int(devices[i]))
             free[devices[i]] -= need[i]
+            left -= self.moved_by(members[i:i + 1], devices[i:i + 1])
         costs = self.state.costs()
         self.state.remove_many(members, devices)
         return Trial(option, devices, costs)

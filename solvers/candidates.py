@@ -25,11 +25,15 @@ from instances.options import (
     FREE,
     NODE,
     PINNED,
+    Option,
     OptionPieces,
     enumerate_options,
     plan_from_choice,
 )
+from instances.moves import Previous
 from instances.sharding import COLUMN_WISE, TABLE_WISE
+
+from .moves import Moves, old_option_of
 
 
 DOMINANCE_SLACK = 1e-9  # relative: sums of the same costs in another order differ by far less
@@ -50,12 +54,14 @@ class Problem:
     instance: Instance
     oracle: Oracle
     sealed: bool = False
+    previous: Previous | None = None  # a replan's previous plan and move budget (None: plan afresh)
 
     @classmethod
-    def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False) -> "Problem":
+    def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
+               previous: Previous | None = None) -> "Problem":
         """The problem with its options priced (and, for solvers of whole tables, its whole-table
         restriction with its options and table-wise pieces priced too), sealed."""
-        problem = cls(instance, oracle)
+        problem = cls(instance, oracle, previous=previous)
         problem.candidates
         if whole_tables:
             problem.whole_tables.candidates
@@ -72,7 +78,7 @@ class Problem:
     @cached_property
     def candidates(self) -> "Candidates":
         self._price("the sharding options")
-        return Candidates.build(self.instance, self.oracle)
+        return Candidates.build(self.instance, self.oracle, self.previous)
 
     @cached_property
     def table_wise(self) -> Priced:
@@ -92,7 +98,24 @@ class Problem:
         if not self.instance.allows_splits:
             return self
         self._price("the whole-table restriction")
-        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle)
+        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous)
+
+
+def with_old_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:
+    """The enumerated options with each old table's old sharding among them (a cut or load factor we do not
+    enumerate, e.g. three column blocks, is added after the table's own), where the instance allows it."""
+    known, extra = set(options), {}
+    for t, (table, old) in enumerate(zip(instance.tables, previous.shardings)):
+        if old is not None and old.sharding_type in instance.allowed_types(table) and \
+                old.compute_kernel in instance.allowed_kernels(table, old.sharding_type) and \
+                old_option_of(t, old) not in known:
+            extra[t] = old_option_of(t, old)
+    if not extra:
+        return options
+    by_table: dict[int, list[Option]] = {}
+    for option in options:
+        by_table.setdefault(option.table, []).append(option)
+    return [o for t in range(instance.num_tables) for o in by_table.get(t, []) + ([extra[t]] if t in extra else [])]
 
 
 @dataclass(eq=False)
@@ -103,13 +126,19 @@ class Candidates:
     live: np.ndarray                    # per option
     pruned: dict[str, int] = field(default_factory=dict)
     memo: dict = field(default_factory=dict)  # what pure functions of the candidates (the bounds) computed once
+    moves: Moves | None = None          # what each piece moves from a replan's previous plan, per device
 
     @classmethod
-    def build(cls, instance: Instance, oracle: Oracle) -> "Candidates":
-        options = OptionPieces.build(instance, enumerate_options(instance))
+    def build(cls, instance: Instance, oracle: Oracle, previous: Previous | None = None) -> "Candidates":
+        options = OptionPieces.build(instance, enumerate_options(instance) if previous is None else
+                                     with_old_options(instance, enumerate_options(instance), previous))
         priced = oracle.bind(instance, options.pieces)
         candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool))
+        if previous is not None:
+            candidates.moves = Moves.build(instance, options, previous)
         candidates._drop_unfit()
+        if previous is not None and previous.keep_types:
+            candidates._keep_old_options()
         if priced.additive:
             candidates._prune_dominated()
         return candidates
@@ -213,6 +242,16 @@ class Candidates:
         self.live &= ~too_big
         self.pruned["larger than a device"] = int(too_big.sum())
 
+    def _keep_old_options(self) -> None:
+        """Where a reshard keeps every old table's option, that option is the table's only one."""
+        old = self.moves.old_option
+        table_of = np.array([o.table for o in self.options.options], dtype=np.int64)
+        new = np.array([s is None for s in self.moves.previous.shardings], dtype=bool)
+        keep = new[table_of] | (old[table_of] == np.arange(table_of.size))
+        self.pruned["kept by the reshard"] = int((self.live & ~keep).sum())
+        self.live &= keep
+        self.__dict__.pop("by_table", None)
+
     def _prune_dominated(self) -> None:
         memory_matters = bool(self.binding_tiers)
         costs, memory = self.priced.costs, self.storage[:, list(self.binding_tiers)]
@@ -222,9 +261,10 @@ class Candidates:
         work = self.work.tolist()
         bytes_ = [tuple(row) for row in self.total_storage[:, list(self.binding_tiers)].tolist()]
         count = 0
-        for ids in self.by_table:
+        for table, ids in enumerate(self.by_table):
             ids = [int(o) for o in ids]
-            if len(ids) < 2:
+            # Options that move different bytes from a previous plan do not dominate one another.
+            if len(ids) < 2 or (self.moves is not None and self.moves.previous.shardings[table] is not None):
                 continue
             shapes = {o: self._shape(o, costs, memory) for o in ids}
             for b in ids:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from instances.moves import plan_moved_bytes
+
 from .assembly import Assembly
 from .base import (
     OPTIMALITY_TOLERANCE,
@@ -78,7 +80,7 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
 class LinearModel:
     """Variables (bounds, integrality, hint), choice rows (Σ terms = rhs, integer coefficients), cost rows
     (Σ cost · var ≤ makespan, in cost units), memory rows (Σ bytes · var ≤ capacity, one per device and memory
-    tier that may bind); minimise makespan."""
+    tier that may bind), and in a replan link rows and the moved-bytes row; minimise makespan."""
 
     lower: list[float] = field(default_factory=list)
     upper: list[float] = field(default_factory=list)
@@ -87,6 +89,8 @@ class LinearModel:
     choices: list[tuple[list[int], list[int], int]] = field(default_factory=list)
     costs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     memory: list[tuple[list[int], list[int], int]] = field(default_factory=list)
+    links: list[tuple[list[int], list[int], int]] = field(default_factory=list)  # Σ coefficient · var ≤ rhs
+    moves: tuple[list[int], list[int], int] | None = None  # Σ bytes · var ≤ the bytes the budget leaves
     makespan_hint: float = 0.0
     decode: dict = field(default_factory=dict)  # variable -> (kind, option, device or node)
 
@@ -101,9 +105,12 @@ class LinearModel:
 
 
 def device_classes(candidates: Candidates) -> list[list[int]]:
-    """Devices of one node that every live pinned and node option treats alike (same cost and memory)."""
+    """Devices of one node that every live pinned and node option treats alike (same cost and memory); in a
+    replan, where the previous plan held anything, each device alone (it tells them apart)."""
     instance = candidates.instance
     k, per_node = candidates.num_devices, instance.topology.devices_per_node
+    if candidates.moves is not None and candidates.moves.keys.size:
+        return [[d] for d in range(k)]
     columns = [np.arange(k) // per_node]
     for o in np.flatnonzero(candidates.live):
         placement = candidates.placement(int(o))
@@ -169,6 +176,9 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     cost_terms: list[tuple[list[int], list[float]]] = [([], []) for _ in range(k)]
     memory_terms: list[tuple[list[int], list[np.ndarray]]] = [([], []) for _ in range(k)]
     loads = np.zeros(k)
+    moves = candidates.moves
+    budgeted = moves is not None and moves.previous.budget is not None
+    moved = _MovedRow()
     # Symmetry breaking: how many pieces the tables before position q can put on free devices at most.
     used_before = 0
     for table in order:
@@ -190,6 +200,13 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 allowed = [d for members in classes for d in members[:reach]]
                 counts = (np.bincount(hint_device[candidates.members(o)], minlength=k) if picked and hint_device is not None
                           else np.zeros(k, dtype=np.int64))
+                rows = moves.rows(candidates.members(o)) if budgeted else None
+                if rows is not None and _free_moves(rows) == "each piece":
+                    _piece_variables(model, candidates, o, y_vars.get(o), rows, cost, memory, cost_terms,
+                                     memory_terms, hint_device if picked else None, moved)
+                    loads += np.bincount(hint_device[candidates.members(o)], minlength=k) * cost if \
+                        picked and hint_device is not None else 0.0
+                    continue
                 n_vars = []
                 for d in sorted(allowed):
                     v = model.var(f"n{o}_{d}", parts, float(counts[d]), ("n", o, d))
@@ -199,6 +216,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     memory_terms[d][0].append(v)
                     memory_terms[d][1].append(memory)
                     loads[d] += cost * counts[d]
+                if rows is not None:
+                    _count_moves(model, o, y_vars.get(o), rows, dict(zip(sorted(allowed), n_vars)), counts, moved)
                 # Σ_d n[o, d] = parts · y[o]  (or = parts for a table's only option)
                 if o in y_vars:
                     model.choices.append((n_vars + [y_vars[o]], [1] * len(n_vars) + [-parts], 0))
@@ -213,6 +232,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 if y is None:  # the table's only option: a variable held at 1 carries its constant load
                     y = model.var(f"fixed{o}", 1, 1.0)
                     model.choices.append(([y], [1], 1))
+                if budgeted:
+                    moved.add(y, int(moves.moved(candidates.members(o), candidates.devices(o)).sum()))
                 for d in range(k):
                     cost_terms[d][0].append(y)
                     cost_terms[d][1].append(float(profile[d]))
@@ -224,9 +245,12 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 node_hint = (int(start.assembly.device[members[0]]) // per_node
                              if picked and start.assembly is not None else -1)
                 z_vars = []
+                fixed = -1 if moves is None else int(moves.fixed_node[o])
                 for node in range(nodes):
-                    v = model.var(f"z{o}_{node}", 1, float(node == node_hint), ("z", o, node))
+                    v = model.var(f"z{o}_{node}", 1 if fixed in (-1, node) else 0, float(node == node_hint), ("z", o, node))
                     z_vars.append(v)
+                    if budgeted:
+                        moved.add(v, int(moves.moved(members, candidates.devices(o, node=node)).sum()))
                     for i in range(per_node):
                         d = node * per_node + i
                         cost_terms[d][0].append(v)
@@ -245,7 +269,80 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     model.memory = [(terms, [int(n[tier]) for n in needs], int(capacity[tier]))
                     for tier in candidates.binding_tiers for terms, needs in memory_terms]
     model.makespan_hint = float(loads.max()) if start.assembly is not None else 0.0
+    if budgeted:
+        model.moves = (moved.terms, moved.bytes, int(moves.previous.budget) - moved.constant)
     return model
+
+
+@dataclass
+class _MovedRow:
+    """The moved-bytes row as it is built: Σ bytes · var, plus what the tables' only options move anyway."""
+
+    terms: list[int] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    constant: int = 0
+
+    def add(self, var: int | None, moved: int) -> None:
+        if moved == 0:
+            return
+        if var is None:
+            self.constant += moved
+        else:
+            self.terms.append(var)
+            self.bytes.append(moved)
+
+
+def _free_moves(rows: np.ndarray) -> str:
+    """How a free option's pieces move (rows: pieces × devices, bytes each moves there): "alike" where every
+    piece moves the same onto each device; "one device each" where each piece moves all its bytes but onto
+    at most one device, which held it (column blocks of the same cut); else "each piece"."""
+    if (rows == rows[0]).all():
+        return "alike"
+    full = rows.max()
+    if ((rows == 0) | (rows == full)).all() and ((rows == 0).sum(axis=1) <= 1).all():
+        return "one device each"
+    return "each piece"
+
+
+def _count_moves(model: LinearModel, o: int, y: int | None, rows: np.ndarray, n_vars: dict[int, int],
+                 counts: np.ndarray, moved: _MovedRow) -> None:
+    """The bytes a free option modelled by piece counts n[o, d] moves: Σ_d m[d]·n where its pieces move
+    alike; else (each piece kept only on the one device it was on) all its bytes less what k[o, d] ≤
+    min(n[o, d], the pieces that were on d) keep in place."""
+    if _free_moves(rows) == "alike":
+        for d, v in n_vars.items():
+            moved.add(v, int(rows[0, d]))
+        return
+    full, parts = int(rows.max()), rows.shape[0]
+    moved.add(y, full * parts)
+    for d, v in n_vars.items():
+        was_here = int((rows[:, d] == 0).sum())
+        if was_here:
+            keep = model.var(f"k{o}_{d}", min(was_here, parts), float(min(was_here, counts[d])))
+            model.links.append(([keep, v], [1, -1], 0))
+            moved.add(keep, -full)
+
+
+def _piece_variables(model: LinearModel, candidates: Candidates, o: int, y: int | None, rows: np.ndarray,
+                     cost: float, memory: np.ndarray, cost_terms: list, memory_terms: list,
+                     hint_device: np.ndarray | None, moved: _MovedRow) -> None:
+    """A free option whose pieces move differently onto each device (a cut across the old one): a device
+    variable x[p, d] per piece, Σ_d x[p, d] = y (or 1), each moving its own bytes."""
+    for i, piece in enumerate(candidates.members(o)):
+        x_vars = []
+        for d in range(candidates.num_devices):
+            hint = float(hint_device is not None and hint_device[piece] == d)
+            v = model.var(f"x{o}_{i}_{d}", 1, hint, ("x", o, (int(piece), d)))
+            x_vars.append(v)
+            cost_terms[d][0].append(v)
+            cost_terms[d][1].append(cost)
+            memory_terms[d][0].append(v)
+            memory_terms[d][1].append(memory)
+            moved.add(v, int(rows[i, d]))
+        if y is None:
+            model.choices.append((x_vars, [1] * len(x_vars), 1))
+        else:
+            model.choices.append((x_vars + [y], [1] * len(x_vars) + [-1], 0))
 
 
 def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> tuple[list[int], np.ndarray]:
@@ -260,7 +357,9 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
     for v, (kind, o, where) in model.decode.items():
         if o not in chosen:
             continue
-        if kind == "n":
+        if kind == "x" and values[v] > 0.5:
+            device[where[0]] = where[1]
+        elif kind == "n":
             n = int(round(values[v]))
             if n > 0:
                 counts.setdefault(o, []).append((where, n))
@@ -270,12 +369,25 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
         placement = candidates.placement(o)
         if placement == "pinned":
             device[candidates.members(o)] = candidates.devices(o)
-        elif placement == "free":
-            devices = [d for d, n in sorted(counts.get(o, [])) for _ in range(n)]
-            device[candidates.members(o)] = devices
+        elif placement == "free" and device[candidates.members(o)[0]] < 0:
+            devices = np.array([d for d, n in sorted(counts.get(o, [])) for _ in range(n)], dtype=np.int64)
+            device[candidates.members(o)] = devices if candidates.moves is None else \
+                least_moving(candidates, candidates.members(o), devices)
         elif device[candidates.members(o)[0]] < 0:
             raise ValueError(f"option {o}: no node chosen")
     return chosen, device
+
+
+def least_moving(candidates: Candidates, members: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The free pieces `members` on the devices `slots` (one each, any order), each piece where the pieces
+    together move the fewest bytes from the previous plan."""
+    from scipy.optimize import linear_sum_assignment
+
+    moved = candidates.moves.rows(members)[:, slots]
+    pieces, slot = linear_sum_assignment(moved)
+    devices = np.empty(members.size, dtype=np.int64)
+    devices[pieces] = slots[slot]
+    return devices
 
 
 # ---------------------------------------------------------------- finishing
@@ -291,6 +403,9 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
         plans.append(candidates.plan(*found))
     if start.assembly is not None:
         plans.append(start.assembly.plan())
+    if problem.previous is not None and problem.previous.budget is not None:
+        # A backend's tolerances may let a plan overstep the budget by a hair: it is not one of the plans.
+        plans = [p for p in plans if plan_moved_bytes(problem.instance, problem.previous, p) <= problem.previous.budget]
     if not plans:
         if failure is None or failure.cause == Cause.TIME_LIMIT:
             return SolveResult(Status.NO_PLAN, lower_bound=bound, reason="no plan found within the time limit",
