@@ -20,7 +20,7 @@ from instances.model import SHARDING_TYPES
 from instances.moves import check_replan, plan_moved_bytes, previous_plan, shard_moves
 from instances.sharding import column_cuts, row_cuts
 from shardbench.cli import main
-from solvers import Budget, Problem, Status, run_solver
+from solvers import Budget, Problem, Status, option_bounds, run_solver
 
 warnings.filterwarnings("ignore")
 REPLANNERS = ("split-greedy", "local-search", "cpsat", "milp-highs")
@@ -137,15 +137,17 @@ def _brute_force(instance, old, budget, costs):
 
 @examples(25)
 @given(_whole_tables())
-def test_cpsat_within_a_move_budget_is_the_brute_force_optimum_and_falls_as_the_budget_grows(case):
+def test_cpsat_within_a_move_budget_is_the_brute_force_optimum_above_the_move_bound_and_falls_as_the_budget_grows(case):
     instance, old, budgets = case
     oracle = get_oracle("lookup")
     plan = Plan.table_wise(instance, old)
     objectives = []
     for budget in budgets:
         previous = previous_plan(instance, _tables(instance, plan), budget=budget)
-        result = run_solver("cpsat", instance, oracle, Budget(2.0), problem=Problem(instance, oracle, previous=previous))
+        problem = Problem(instance, oracle, previous=previous)
+        result = run_solver("cpsat", instance, oracle, Budget(2.0), problem=problem)
         best = _brute_force(instance, old, budget, oracle.table_costs(instance))
+        assert option_bounds(problem.candidates)["moves"] <= best * (1 + 1e-12)
         assert result.status == Status.OPTIMAL
         assert result.objective == pytest.approx(best, rel=1e-9, abs=1e-12)
         assert result.stats["moved_bytes"] <= budget
@@ -184,6 +186,18 @@ def test_every_replanning_solver_keeps_within_its_budget_and_a_zero_budget_keeps
             assert check_replan(instance, previous, result.plan) == result.stats["moved_bytes"] <= budget
             if budget == 0 and keep_types:
                 assert result.plan.tables == old.tables, name
+
+
+def test_the_move_bound_proves_the_old_plan_optimal_when_nothing_may_move():
+    # Every table on device 0 of 2, nothing may move: the old plan is the only plan, and the bound says so.
+    instance = make_instance([(100, 8, 3.0), (80, 8, 2.0), (60, 8, 1.0)], 2, 10**6)
+    old = Plan.table_wise(instance, [0, 0, 0])
+    oracle = get_oracle("lookup")
+    previous = previous_plan(instance, _tables(instance, old), budget=0)
+    result = run_solver("split-greedy", instance, oracle, Budget(1.0), problem=Problem(instance, oracle, previous=previous))
+    assert result.plan == old and result.status == Status.OPTIMAL
+    assert option_bounds(Problem(instance, oracle, previous=previous).candidates)["moves"] == pytest.approx(
+        result.objective, rel=1e-9)
 
 
 def test_solvers_that_plan_afresh_are_refused_a_replan():
@@ -353,3 +367,21 @@ def test_a_running_dmp_reshards_with_the_replans_delta_and_trains_on(tmp_path):
         assert result["after"] == result["before"]
         assert result["ranks"] == {name: list(sharding.ranks) for name, sharding in new.plan[path].items()}
         assert result["volume"] == pytest.approx(delta[path][0])
+
+
+def test_the_drift_benchmark_shifts_a_task_and_records_each_replan_within_its_budget(tmp_path):
+    from benchmarks.drift import SCALE, drifted, measure, publish, read_store
+
+    instance = _split_case()[0]
+    new = drifted(instance, 3)
+    assert new == drifted(instance, 3) and new.num_tables > instance.num_tables
+    factors = [n.pooling_factor / o.pooling_factor for o, n in zip(instance.tables, new.tables)]
+    assert any(f != 1 for f in factors) and all(SCALE[0] <= f <= SCALE[1] for f in factors)
+    record = measure("tiny", instance, "lookup", 0.5, 0)
+    assert record["status"] == "plan" and record["kept_objective"] >= record["fresh_objective"]
+    assert all(r["moved_bytes"] <= r["budget_bytes"] for r in record["replans"])
+    store = tmp_path / "drift.jsonl"
+    store.write_text(json.dumps(record) + "\n")
+    publish(read_store(store), "the command", tmp_path / "drift.md")
+    text = (tmp_path / "drift.md").read_text()
+    assert "| tiny | lookup | kept (reshard) | 1/1 |" in text and "](drift.png)" in text
