@@ -569,10 +569,10 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                             epilog=examples("shardbench replan new.json --from plan.json --move-budget 20GiB -o new-plan.json",
                                             "shardbench replan new.json --from plan.pt --move-budget 0 -o kept.json",
                                             "shardbench replan new.json --from plan.json --frontier -o frontier.md"))
-    replan.add_argument("instance", help="the new instance JSON (the workload as it is now)")
-    replan.add_argument("--from", dest="previous", required=True, help="the old plan: our plan JSON or a TorchRec "
+    replan.add_argument("instance", metavar="NEW_INSTANCE", help="the new instance JSON (the workload as it is now)")
+    replan.add_argument("--from", dest="previous", metavar="OLD_PLAN", required=True, help="the old plan: our plan JSON or a TorchRec "
                         "ShardingPlan (.pt, as plan --torchrec-out writes it); tables are matched by name")
-    replan.add_argument("--move-budget", type=move_budget, help="bytes the replan may move: a size with a unit (20GiB, "
+    replan.add_argument("--move-budget", type=move_budget, metavar="SIZE", help="bytes the replan may move: a size with a unit (20GiB, "
                         "500MB), 0 to keep the old plan, or unlimited (required unless --frontier)")
     replan.add_argument("--allow-type-changes", action="store_true", help="let old tables change sharding type, shard "
                         "count and kernel too (a checkpoint-and-reload re-shard; no reshard delta is written)")
