@@ -101,21 +101,20 @@ class Problem:
         return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous)
 
 
-def with_old_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:
-    """The enumerated options with each old table's old sharding among them (a cut or load factor we do not
-    enumerate, e.g. three column blocks, is added after the table's own), where the instance allows it."""
-    known, extra = set(options), {}
-    for t, (table, old) in enumerate(zip(instance.tables, previous.shardings)):
-        if old is not None and old.sharding_type in instance.allowed_types(table) and \
-                old.compute_kernel in instance.allowed_kernels(table, old.sharding_type) and \
-                old_option_of(t, old) not in known:
-            extra[t] = old_option_of(t, old)
-    if not extra:
-        return options
+def replan_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:
+    """The options of a replan: each old table's old sharding among them where the instance allows it (added
+    where we do not enumerate it, e.g. three column blocks, after the table's own), and its only one where
+    every old table keeps its option."""
+    old = {t: old_option_of(t, s) for t, (table, s) in enumerate(zip(instance.tables, previous.shardings))
+           if s is not None and s.sharding_type in instance.allowed_types(table)
+           and s.compute_kernel in instance.allowed_kernels(table, s.sharding_type)}
     by_table: dict[int, list[Option]] = {}
     for option in options:
         by_table.setdefault(option.table, []).append(option)
-    return [o for t in range(instance.num_tables) for o in by_table.get(t, []) + ([extra[t]] if t in extra else [])]
+    for t, option in old.items():
+        mine = by_table.get(t, [])
+        by_table[t] = [option] if previous.keep_types else mine + ([option] if option not in mine else [])
+    return [o for t in range(instance.num_tables) for o in by_table.get(t, [])]
 
 
 @dataclass(eq=False)
@@ -131,14 +130,12 @@ class Candidates:
     @classmethod
     def build(cls, instance: Instance, oracle: Oracle, previous: Previous | None = None) -> "Candidates":
         options = OptionPieces.build(instance, enumerate_options(instance) if previous is None else
-                                     with_old_options(instance, enumerate_options(instance), previous))
+                                     replan_options(instance, enumerate_options(instance), previous))
         priced = oracle.bind(instance, options.pieces)
         candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool))
         if previous is not None:
             candidates.moves = Moves.build(instance, options, previous)
         candidates._drop_unfit()
-        if previous is not None and previous.keep_types:
-            candidates._keep_old_options()
         if priced.additive:
             candidates._prune_dominated()
         return candidates
@@ -241,16 +238,6 @@ class Candidates:
         too_big = (np.maximum.reduceat(self.storage, self.options.first, axis=0) > capacity).any(axis=1)
         self.live &= ~too_big
         self.pruned["larger than a device"] = int(too_big.sum())
-
-    def _keep_old_options(self) -> None:
-        """Where a reshard keeps every old table's option, that option is the table's only one."""
-        old = self.moves.old_option
-        table_of = np.array([o.table for o in self.options.options], dtype=np.int64)
-        new = np.array([s is None for s in self.moves.previous.shardings], dtype=bool)
-        keep = new[table_of] | (old[table_of] == np.arange(table_of.size))
-        self.pruned["kept by the reshard"] = int((self.live & ~keep).sum())
-        self.live &= keep
-        self.__dict__.pop("by_table", None)
 
     def _prune_dominated(self) -> None:
         memory_matters = bool(self.binding_tiers)

@@ -400,9 +400,9 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
     candidates, oracle = problem.candidates, problem.oracle
     plans = []
     if found is not None:
-        plans.append(candidates.plan(*found))
+        plans.append(moving_least(candidates, *found))
     if start.assembly is not None:
-        plans.append(start.assembly.plan())
+        plans.append(moving_least(candidates, *start.assembly.snapshot()))
     if problem.previous is not None and problem.previous.budget is not None:
         # A backend's tolerances may let a plan overstep the budget by a hair: it is not one of the plans.
         plans = [p for p in plans if plan_moved_bytes(problem.instance, problem.previous, p) <= problem.previous.budget]
@@ -426,6 +426,19 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
         stats["optimal_over"] = "enumerated options"
         stats["options"] = int(candidates.live.sum())
     return SolveResult(status, plan=best, lower_bound=bound, stats=stats)
+
+
+def moving_least(candidates: Candidates, chosen, device: np.ndarray):
+    """The plan of these options and devices; in a replan, with every piece that moved for nothing sent
+    back where it moves less (the cost stays: the model minimises cost alone, not bytes)."""
+    if candidates.moves is None:
+        return candidates.plan(list(chosen), device)
+    from .search import send_back
+
+    assembly = Assembly(candidates)
+    assembly.load(np.asarray(chosen), np.asarray(device))
+    send_back(assembly)
+    return assembly.plan()
 
 
 def prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:

@@ -17,7 +17,7 @@ def from_previous(candidates: Candidates, changes: bool, deadline: float | None)
     unless that option is gone or no longer fits the memory left (then it is placed anew, as the new
     tables are, largest first where it costs least, moving what it must); then descent within the move
     budget. A Stuck where a table fits nowhere, None where the move budget cannot place one."""
-    from .search import _Search, option_weight
+    from .search import descend, option_weight
 
     moves = candidates.moves
     assembly = Assembly(candidates)
@@ -47,7 +47,7 @@ def from_previous(candidates: Candidates, changes: bool, deadline: float | None)
             stuck = stuck or result
         else:
             return stuck
-    _Search(assembly, changes).descend(np.inf if deadline is None else deadline)
+    descend(assembly, changes, np.inf if deadline is None else deadline)
     return assembly
 
 

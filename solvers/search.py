@@ -235,6 +235,17 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
     return {"start_objective": start_value, "steps": steps, "kicks": rounds}
 
 
+def descend(assembly: Assembly, changes: bool, deadline: float) -> int:
+    """Best-improvement steps (moves, swaps and — with `changes` — option changes off the busiest device)
+    until none lowers it or the deadline; the steps taken."""
+    return _Search(assembly, changes).descend(deadline)
+
+
+def send_back(assembly: Assembly) -> int:
+    """In a replan, the pieces that moved for nothing sent back where they move less (`_Search.reclaim`)."""
+    return _Search(assembly, changes=False).reclaim()
+
+
 def target_bound(candidates: Candidates) -> float:
     return best_option_bound(candidates) if candidates.priced.additive else -np.inf
 
