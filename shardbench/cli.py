@@ -331,9 +331,11 @@ def _cmd_replan(args: argparse.Namespace) -> int:
     old = read_old_plan(args.previous, instance)
     keep = not args.allow_type_changes
     if args.frontier:
-        front = frontier(instance, old, args.oracle, args.budget, args.seed, keep, args.solvers, echo=print)
+        front = frontier(instance, old, args.oracle, args.budget, args.seed, keep, args.solvers, args.gap / 100,
+                         echo=print)
         command = " ".join(["shardbench replan", args.instance, "--from", args.previous, "--frontier", "--oracle",
                             args.oracle, "--budget", f"{args.budget:g}", "--seed", str(args.seed),
+                            *(["--gap", f"{args.gap:g}"] if args.gap else []),
                             *(["--allow-type-changes"] if args.allow_type_changes else []), "-o", args.output])
         plot, points = write_frontier(front, args.output, command)
         print(f"frontier written to {args.output} (plot {plot}, points {points})")

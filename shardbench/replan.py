@@ -192,7 +192,7 @@ class Frontier:
 
 
 def frontier(instance: Instance, old: OldPlan, oracle: str, budget: float, seed: int = 0, keep_types: bool = True,
-             solvers: list[str] | None = None, shares: tuple[float, ...] = FRONTIER_SHARES,
+             solvers: list[str] | None = None, gap: float = 0.0, shares: tuple[float, ...] = FRONTIER_SHARES,
              echo: Callable[[str], None] | None = None) -> Frontier:
     """A fresh plan, then a replan at each share of the bytes it moves, `budget` seconds each. Each point
     keeps the best plan of its budget or a smaller one (it is within its budget too) and the best bound of
@@ -202,7 +202,7 @@ def frontier(instance: Instance, old: OldPlan, oracle: str, budget: float, seed:
 
     say = echo or (lambda _: None)
     say(f"fresh plan of {instance.id} under {oracle}, {budget:g} s")
-    fresh = run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed)).result
+    fresh = run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap)).result
     if fresh.plan is None:
         raise InstanceError("instance", f"no fresh plan to measure the frontier against: {fresh.no_plan_reason}")
     unbounded_previous = old.previous(instance, None, keep_types)
@@ -211,7 +211,7 @@ def frontier(instance: Instance, old: OldPlan, oracle: str, budget: float, seed:
     for share in sorted(set(shares)):
         limit = int(share * fresh_moved)
         say(f"replan within {share:.0%} of the fresh plan's bytes ({limit} B)")
-        request = plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed,
+        request = plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap,
                                previous=replace(unbounded_previous, budget=limit))
         reports.append((share, limit, run(request)))
     points, best = [], None
