@@ -31,7 +31,7 @@ from .base import (
 )
 from .bounds import best_option_bound, lp_bound
 from .candidates import Candidates, Problem
-from .search import searched
+from .search import searched, send_back
 
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
 # With splits the model is larger and CP-SAT or HiGHS rarely beat local search within seconds (on 80 × 8
@@ -433,8 +433,6 @@ def moving_least(candidates: Candidates, chosen, device: np.ndarray):
     back where it moves less (the cost stays: the model minimises cost alone, not bytes)."""
     if candidates.moves is None:
         return candidates.plan(list(chosen), device)
-    from .search import send_back
-
     assembly = Assembly(candidates)
     assembly.load(np.asarray(chosen), np.asarray(device))
     send_back(assembly)

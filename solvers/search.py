@@ -1,10 +1,11 @@
 """Search on any oracle through the incremental device state. Iterated local search over pieces:
 best-improvement moves and swaps of free pieces off the most loaded device, and — where tables may be
 split — changes of a table's sharding option (its pieces refitted), with random kicks between descents;
-the split-aware greedy (construction plus descent on option changes); and AutoShard's random search (best
-of N random feasible plans)."""
+the split-aware greedy (construction plus descent on option changes), which in a replan starts from the
+previous plan; and AutoShard's random search (best of N random feasible plans)."""
 from __future__ import annotations
 
+import copy
 import time
 
 import numpy as np
@@ -282,11 +283,9 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     plan. That runs for each of MEMORY_SHARES while `deadline` allows, and the best plan then descends on
     option changes of the tables on the busiest device while that lowers it. Past `deadline` each stage
     returns what it has (the first plan is always built). With one option per table it is
-    `best-greedy`. Given a previous plan, it starts from that plan instead (solvers.replan), and returns
+    `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
     None where the move budget leaves a table no place."""
     if candidates.moves is not None:
-        from .replan import replanned
-
         return replanned(candidates, changes, deadline)
     for table, ids in enumerate(candidates.by_table):
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
@@ -373,6 +372,72 @@ def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> No
         if step is None:
             return
         search.apply(step)
+
+
+# ---------------------------------------------------------------- replanning: from the previous plan
+
+
+def from_previous(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | Stuck | None:
+    """The previous plan kept, and what it lacks added: each old table in its old option on its old devices
+    unless that option is gone or no longer fits the memory left (then it is placed anew, as the new
+    tables are, largest first where it costs least, moving what it must); then descent within the move
+    budget. A Stuck where a table fits nowhere, None where the move budget cannot place one."""
+    moves = candidates.moves
+    assembly = Assembly(candidates)
+    for table, option in enumerate(moves.old_option):
+        if option < 0 or not candidates.live[option]:
+            continue
+        members = candidates.members(int(option))
+        devices = moves.old_device[members]
+        need = np.zeros_like(assembly.free)
+        np.add.at(need, devices, assembly.memory[members])
+        if (need <= assembly.free).all():
+            assembly.put(int(option), devices)
+    weight = option_weight(candidates)
+    chosen = choose_options(candidates, np.inf, weight)
+    biggest = candidates.biggest if candidates.priced.additive else np.maximum.reduceat(
+        candidates.single_costs, candidates.options.first)
+    unplaced = sorted(np.flatnonzero(assembly.chosen < 0).tolist(), key=lambda t: (-biggest[chosen[t]], t))
+    for table in unplaced:
+        first = int(chosen[table])
+        others = sorted((int(o) for o in candidates.by_table[table] if o != first), key=lambda o: weight[o])
+        stuck = None
+        for option in [first, *others]:
+            result = assembly.fit(option)
+            if isinstance(result, Trial):
+                assembly.put(option, result.devices)
+                break
+            stuck = stuck or result
+        else:
+            return stuck
+    descend(assembly, changes, np.inf if deadline is None else deadline)
+    return assembly
+
+
+def fresh_within_budget(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | None:
+    """The split-aware greedy's plan made afresh (the previous plan ignored), where the bytes it moves fit
+    the move budget; else None."""
+    fresh = copy.copy(candidates)
+    fresh.moves = None
+    found = split_greedy(fresh, changes, deadline)
+    if not isinstance(found, Assembly):
+        return None
+    placed = found.placed()
+    if candidates.moves.moved(placed, found.device[placed]).sum() > candidates.moves.budget:
+        return None
+    assembly = Assembly(candidates)
+    assembly.load(*found.snapshot())
+    return assembly
+
+
+def replanned(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | Stuck | None:
+    """The better of the previous plan kept and improved (`from_previous`) and the fresh greedy's plan
+    where the budget affords it."""
+    kept = from_previous(candidates, changes, deadline)
+    fresh = fresh_within_budget(candidates, changes, deadline)
+    if fresh is not None and (not isinstance(kept, Assembly) or fresh.objective() < kept.objective()):
+        return fresh
+    return kept
 
 
 def stuck_result(candidates: Candidates, stuck: Stuck | None) -> SolveResult:
