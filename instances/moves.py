@@ -44,7 +44,8 @@ class Previous:
 # ---------------------------------------------------------------- the rule
 
 
-def held(previous: Previous, table, row_start, row_end, col_start, col_end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def held(previous: Previous, table, row_start, row_end, col_start,
+         col_end) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Where each rectangle of a table (arrays, one entry per rectangle) was held under the previous plan:
     (rectangle, device, elements held there), one entry per device that held part of it, summed over
     that device's old shards (each old replica of a data-parallel table holds all of it)."""
@@ -196,9 +197,9 @@ def unbounded(instance: Instance) -> Instance:
     """The instance with memory to spare and every sharding type and kernel allowed: where an old plan is
     checked for its cuts alone, or exported as the ShardingPlan a job runs now (whatever the new workload
     would need)."""
-    return replace(instance, tables=tuple(replace(t, sharding_types=None, compute_kernels=None) for t in instance.tables),
-                   topology=replace(instance.topology, memory_bytes=MAX_MEMORY_BYTES, host_memory_bytes=MAX_MEMORY_BYTES),
-                   sharding_types=SHARDING_TYPES, compute_kernels=KERNELS)
+    tables = tuple(replace(t, sharding_types=None, compute_kernels=None) for t in instance.tables)
+    topology = replace(instance.topology, memory_bytes=MAX_MEMORY_BYTES, host_memory_bytes=MAX_MEMORY_BYTES)
+    return replace(instance, tables=tables, topology=topology, sharding_types=SHARDING_TYPES, compute_kernels=KERNELS)
 
 
 def tables_from_dict(data: Any, instance: Instance) -> tuple[dict[str, TableSharding], tuple[str, ...]]:

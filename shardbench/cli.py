@@ -324,7 +324,8 @@ def _cmd_replan(args: argparse.Namespace) -> int:
         outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, sidecar_path(args.torchrec_out),
                                                delta_path(args.torchrec_out))}
         if len(outputs) < 4 or {Path(args.instance).resolve(), Path(args.previous).resolve()} & outputs:
-            raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plans or each other")
+            raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plans or each "
+                                "other")
     elif Path(args.previous).resolve() == Path(args.output).resolve():
         raise InstanceError("-o", "must not overwrite the old plan (--from)")
     instance = load_instance(args.instance)
@@ -561,21 +562,24 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
                             "old plan (TorchRec's reshard)",
-                            description="Replan an instance whose workload shifted (pooling factors, batch size, access "
-                            "curves; tables added or dropped) from its old plan, moving at most --move-budget bytes of "
-                            "shards (with their optimizer state) between devices: the best plan the portfolio finds "
-                            "within the budget, with a bound over every plan within it. By default every old table "
-                            "keeps its sharding type, shard count and kernel, so that only ranks change, as TorchRec's "
-                            "DistributedModelParallel.reshard moves them; new tables are placed and dropped ones free "
-                            "their memory, neither counting as moved.",
-                            epilog=examples("shardbench replan new.json --from plan.json --move-budget 20GiB -o new-plan.json",
+                            description="Replan an instance whose workload shifted (pooling factors, batch size, "
+                            "access curves; tables added or dropped) from its old plan, moving at most --move-budget "
+                            "bytes of shards (with their optimizer state) between devices: the best plan the "
+                            "portfolio finds within the budget, with a bound over every plan within it. By default "
+                            "every old table keeps its sharding type, shard count and kernel, so that only ranks "
+                            "change, as TorchRec's DistributedModelParallel.reshard moves them; new tables are placed "
+                            "and dropped ones free their memory, neither counting as moved.",
+                            epilog=examples("shardbench replan new.json --from plan.json --move-budget 20GiB "
+                                            "-o new-plan.json",
                                             "shardbench replan new.json --from plan.pt --move-budget 0 -o kept.json",
                                             "shardbench replan new.json --from plan.json --frontier -o frontier.md"))
-    replan.add_argument("instance", metavar="NEW_INSTANCE", help="the new instance JSON (the workload as it is now)")
-    replan.add_argument("--from", dest="previous", metavar="OLD_PLAN", required=True, help="the old plan: our plan JSON or a TorchRec "
-                        "ShardingPlan (.pt, as plan --torchrec-out writes it); tables are matched by name")
-    replan.add_argument("--move-budget", type=move_budget, metavar="SIZE", help="bytes the replan may move: a size with a unit (20GiB, "
-                        "500MB), 0 to keep the old plan, or unlimited (required unless --frontier)")
+    replan.add_argument("instance", metavar="NEW_INSTANCE", help="the new instance JSON (the workload as it is "
+                        "now)")
+    replan.add_argument("--from", dest="previous", metavar="OLD_PLAN", required=True, help="the old plan: our "
+                        "plan JSON or a TorchRec ShardingPlan (.pt, as plan --torchrec-out writes it); tables are "
+                        "matched by name")
+    replan.add_argument("--move-budget", type=move_budget, metavar="SIZE", help="bytes the replan may move: a size "
+                        "with a unit (20GiB, 500MB), 0 to keep the old plan, or unlimited (required unless --frontier)")
     replan.add_argument("--allow-type-changes", action="store_true", help="let old tables change sharding type, shard "
                         "count and kernel too (a checkpoint-and-reload re-shard; no reshard delta is written)")
     replan.add_argument("--frontier", action="store_true", help="instead of one plan, write the frontier of cost "

@@ -309,8 +309,9 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
         return PlanReport(instance, result, (), tuple(lines), report_record(request, instance, result, ()))
     portfolio, net = choose(request, admitted), safety_net(request)
     members = runnable(admitted, portfolio, net)
+    doing = "replanning with" if request.previous is not None else "running"
     say(f"{instance.id} under {request.oracle}, budget {request.budget:g} s: "
-        f"{'replanning with' if request.previous is not None else 'running'} {' + '.join(dict.fromkeys([*portfolio, net]))}")
+        f"{doing} {' + '.join(dict.fromkeys([*portfolio, net]))}")
     oracle = get_oracle(request.oracle)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members), request.previous)

@@ -66,7 +66,8 @@ def _load_sharding_plan(path: Path):
     try:
         loaded = load_plan(path)
     except Exception as exc:  # noqa: BLE001 - torch reports a foreign pickle in many ways; the user needs one line
-        raise InstanceError(str(path), f"not a TorchRec ShardingPlan that loads safely ({' '.join(str(exc).split())[:200]})") from exc
+        why = " ".join(str(exc).split())[:200]
+        raise InstanceError(str(path), f"not a TorchRec ShardingPlan that loads safely ({why})") from exc
     if not hasattr(loaded, "plan"):
         raise InstanceError(str(path), f"holds a {type(loaded).__name__}, not a TorchRec ShardingPlan")
     return loaded

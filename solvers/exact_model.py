@@ -247,7 +247,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 z_vars = []
                 fixed = -1 if moves is None else int(moves.fixed_node[o])
                 for node in range(nodes):
-                    v = model.var(f"z{o}_{node}", 1 if fixed in (-1, node) else 0, float(node == node_hint), ("z", o, node))
+                    allowed_here = 1 if fixed in (-1, node) else 0
+                    v = model.var(f"z{o}_{node}", allowed_here, float(node == node_hint), ("z", o, node))
                     z_vars.append(v)
                     if budgeted:
                         moved.add(v, int(moves.moved(members, candidates.devices(o, node=node)).sum()))

@@ -16,8 +16,8 @@ from instances.options import FREE, NODE, Option, OptionPieces
 class Moves:
     """`stored[p]`: the bytes piece p moves onto a device that held none of it (0 for a new table's pieces);
     `keys` (sorted piece × devices + device) and `kept`: on the devices that held part of a piece, the bytes
-    it then does not move. `old_option[t]` is table t's old sharding among the options (-1: a new table, or one whose old
-    sharding the instance no longer allows),
+    it then does not move. `old_option[t]` is table t's old sharding among the options (-1: a new table, or
+    one whose old sharding the instance no longer allows),
     `old_device[p]` the device piece p of an old option was on (-1 otherwise), and `fixed_node[o]` the node
     a table-row-wise option must stay on where types are kept (-1: any)."""
 

@@ -99,7 +99,8 @@ class _Search:
     def move_cost(self, pieces, source, targets) -> np.ndarray:
         """What moving pieces from `source` to `targets` adds to the bytes moved from the previous plan
         (arrays or scalars, broadcast together)."""
-        pieces, source, targets = np.broadcast_arrays(*(np.asarray(x, dtype=np.int64) for x in (pieces, source, targets)))
+        arrays = (np.asarray(x, dtype=np.int64) for x in (pieces, source, targets))
+        pieces, source, targets = np.broadcast_arrays(*arrays)
         moves = self.a.moves
         return moves.moved(pieces.ravel(), targets.ravel()) - moves.moved(pieces.ravel(), source.ravel())
 

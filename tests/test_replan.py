@@ -46,7 +46,8 @@ def _replans(draw):
     """An instance of every type, an old plan of it, and a new plan keeping every table's type."""
     k = draw(st.integers(2, 4))
     optimizer = draw(st.sampled_from(tuple(OPTIMIZER_STATE)))
-    specs = [(draw(st.integers(1, 300)), draw(st.sampled_from([8, 16, 32])), 1.0) for _ in range(draw(st.integers(1, 6)))]
+    specs = [(draw(st.integers(1, 300)), draw(st.sampled_from([8, 16, 32])), 1.0)
+             for _ in range(draw(st.integers(1, 6)))]
     base = make_instance(specs, k, 10**9, types=SHARDING_TYPES)
     instance = replace(base, workload=replace(base.workload, optimizer=optimizer))
     kinds = [draw(st.sampled_from(("table_wise", "column_wise", "row_wise", "data_parallel"))) for _ in specs]
@@ -176,7 +177,8 @@ def test_every_replanning_solver_keeps_within_its_budget_and_a_zero_budget_keeps
     old_instance, old, instance = _split_case()
     oracle = get_oracle("lookup")
     fresh = run_solver("split-greedy", instance, oracle, Budget(5.0)).plan
-    moved_fresh = plan_moved_bytes(instance, previous_plan(instance, _tables(old_instance, old), keep_types=False), fresh)
+    unlimited = previous_plan(instance, _tables(old_instance, old), keep_types=False)
+    moved_fresh = plan_moved_bytes(instance, unlimited, fresh)
     for budget in (0, moved_fresh // 10, moved_fresh // 3):
         previous = previous_plan(instance, _tables(old_instance, old), budget=budget, keep_types=keep_types)
         for name in REPLANNERS:
@@ -194,7 +196,8 @@ def test_the_move_bound_proves_the_old_plan_optimal_when_nothing_may_move():
     old = Plan.table_wise(instance, [0, 0, 0])
     oracle = get_oracle("lookup")
     previous = previous_plan(instance, _tables(instance, old), budget=0)
-    result = run_solver("split-greedy", instance, oracle, Budget(1.0), problem=Problem(instance, oracle, previous=previous))
+    problem = Problem(instance, oracle, previous=previous)
+    result = run_solver("split-greedy", instance, oracle, Budget(1.0), problem=problem)
     assert result.plan == old and result.status == Status.OPTIMAL
     assert option_bounds(Problem(instance, oracle, previous=previous).candidates)["moves"] == pytest.approx(
         result.objective, rel=1e-9)
@@ -281,9 +284,9 @@ def test_an_old_plan_that_is_no_plan_of_these_tables_is_refused_in_one_line(caps
 def test_replan_writes_the_plan_with_its_moved_bytes_the_torchrec_plan_and_the_reshard_delta(capsys, files, tmp_path):
     from torchrec.distributed.sharding.dynamic_sharding import output_sharding_plans_delta
 
-    code, out, _ = _run(capsys, "replan", files / "new.json", "--from", files / "old-plan.json", "--move-budget", "200KB",
-                        "--oracle", "lookup", "--budget", "2", "-o", tmp_path / "new-plan.json", "--torchrec-out",
-                        tmp_path / "new.pt", "--module-path", "ebc")
+    code, out, _ = _run(capsys, "replan", files / "new.json", "--from", files / "old-plan.json", "--move-budget",
+                        "200KB", "--oracle", "lookup", "--budget", "2", "-o", tmp_path / "new-plan.json",
+                        "--torchrec-out", tmp_path / "new.pt", "--module-path", "ebc")
     assert code == 0 and "moves " in out and "within a budget of 195.312 KiB (200000 B)" in out
     report = json.loads((tmp_path / "new-plan.json").read_text())["report"]
     assert report["move_budget"] == 200000 and 0 < report["moved_bytes"] <= 200000 and report["keep_types"]
@@ -344,8 +347,8 @@ def test_a_running_dmp_reshards_with_the_replans_delta_and_trains_on(tmp_path):
 
     path = "sparse_arch.embedding_bag_collection"
     # Every table on rank 0 (one of them cut into two column blocks, both there): a replan spreads them.
-    generators = {"t0": table_wise(rank=0, compute_kernel="fused"), "t1": table_wise(rank=0, compute_kernel="fused"),
-                  "t2": table_wise(rank=0, compute_kernel="fused"), "t3": column_wise(ranks=[0, 0], compute_kernel="fused")}
+    generators = {f"t{i}": table_wise(rank=0, compute_kernel="fused") for i in range(3)}
+    generators["t3"] = column_wise(ranks=[0, 0], compute_kernel="fused")
     old = ShardingPlan({path: construct_module_sharding_plan(
         small_dlrm().sparse_arch.embedding_bag_collection, generators, sharder=reshard_sharder(), local_size=2,
         world_size=2, device_type="cpu")})
@@ -379,9 +382,11 @@ def test_the_drift_benchmark_shifts_a_task_and_records_each_replan_within_its_bu
     assert any(f != 1 for f in factors) and all(SCALE[0] <= f <= SCALE[1] for f in factors)
     record = measure("tiny", instance, "lookup", 0.5, 0)
     assert record["status"] == "plan" and record["kept_objective"] >= record["fresh_objective"]
-    assert all(r["moved_bytes"] <= r["budget_bytes"] for r in record["replans"])
+    assert all(r["budget_bytes"] is None or r["moved_bytes"] <= r["budget_bytes"] for r in record["replans"])
+    assert [r["share"] for r in record["replans"]].count(None) == 2  # unlimited, types kept and not
     store = tmp_path / "drift.jsonl"
     store.write_text(json.dumps(record) + "\n")
     publish(read_store(store), "the command", tmp_path / "drift.md")
     text = (tmp_path / "drift.md").read_text()
     assert "| tiny | lookup | kept (reshard) | 1/1 |" in text and "](drift.png)" in text
+    assert "| tiny | lookup | " in text.split("With an unlimited budget")[1]
