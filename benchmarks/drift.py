@@ -249,7 +249,8 @@ def page(records: list[dict], plot: Path, command: str, output: Path = PAGE) -> 
 
 def plot(records: list[dict]) -> bytes:
     """Per set and oracle, each task's recovered improvement against the share of the fresh plan's bytes
-    moved (the kept plan at 0, the fresh plan at 1), and the median."""
+    moved (the kept plan at 0, the fresh plan at 1), types kept, with the median; and each task's replan at
+    TARGET_SHARE letting types change."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -266,15 +267,20 @@ def plot(records: list[dict]) -> bytes:
                                      if m is not None and m["recovered"] is not None] + [(1.0, 1.0)]
             curves.append(points)
             ax.plot(*zip(*points), color="tab:blue", alpha=0.3, marker=".")
+            free = _metrics(r, TARGET_SHARE, keep_types=False)
+            if free is not None and free["recovered"] is not None:
+                ax.plot([free["moved"]], [free["recovered"]], "x", color="tab:orange", alpha=0.6)
         if curves and all(len(c) == len(curves[0]) for c in curves):
             medians = [(float(np.median(x)), float(np.median(y))) for x, y in (zip(*column) for column in zip(*curves))]
-            ax.plot(*zip(*medians), color="tab:blue", lw=2, marker="o", label="median")
+            ax.plot(*zip(*medians), color="tab:blue", lw=2, marker="o", label="types kept (median)")
+        ax.plot([], [], "x", color="tab:orange", label=f"types may change, {TARGET_SHARE:.0%}")
         ax.axvline(TARGET_SHARE, color="tab:grey", ls=":")
         ax.axhline(0.8, color="tab:grey", ls=":")
         ax.set_title(f"{label}, {oracle}")
         ax.set_xlabel("bytes moved / fresh plan's")
         ax.set_ylabel("improvement recovered")
         ax.set_xlim(-0.02, 1.02)
+        ax.legend(loc="lower right", fontsize="small")
     fig.tight_layout()
     image = io.BytesIO()
     fig.savefig(image, format="png", dpi=110)
