@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 from instances import Instance, InstanceError, Plan, TableSharding
 from instances.io import read_json, write_bytes_atomic, write_text_atomic
 from instances.moves import PYTHON_NAMES, Previous, plan_moved_bytes, previous_plan, tables_from_dict, unbounded
+from solvers.bounds import gap_to_bound
 
 from .pipeline import PlanReport, plan_request, run
 from .portfolio import PortfolioResult
@@ -115,8 +116,7 @@ def move_budget_bytes(value: Any, name: str = "move_budget") -> int | None:
 
 def replan(instance: Instance, previous_plan: Any, move_budget: int | str | None, oracle: str = "analytic",
            budget: float = 10.0, solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
-           allow_type_changes: bool = False, previous_instance: Instance | None = None,
-           rules: str | Path | None = None) -> PortfolioResult:
+           allow_type_changes: bool = False, previous_instance: Instance | None = None) -> PortfolioResult:
     """The best validated plan found within `budget` seconds among those that move at most `move_budget`
     bytes from `previous_plan` (a plan file, a TorchRec ShardingPlan, or a Plan with its
     `previous_instance`), with the best bound proven over those plans; `result.moved_bytes` says what it
@@ -124,7 +124,7 @@ def replan(instance: Instance, previous_plan: Any, move_budget: int | str | None
     reshard does) unless `allow_type_changes`; new tables are placed and dropped ones free their memory."""
     old = old_plan_of(previous_plan, instance, previous_instance)
     previous = old.previous(instance, move_budget_bytes(move_budget), not allow_type_changes)
-    return run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap, rules=rules,
+    return run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap,
                             previous=previous)).result
 
 
@@ -143,9 +143,8 @@ def torchrec_plans(instance: Instance, result: PortfolioResult, old: OldPlan, pr
     if not previous.keep_types:
         return new, None, "type changes need a checkpoint-and-reload re-shard, not DistributedModelParallel.reshard"
     current = old.sharding_plan
-    if current is None:
-        kept = Plan(instance.id, previous.shardings)
-        current = to_torchrec(unbounded(instance), replace(kept, instance_id=instance.id), path=module_path)
+    if current is None:  # our plan file: the ShardingPlan the job runs is its export
+        current = to_torchrec(unbounded(instance), Plan(instance.id, previous.shardings), path=module_path)
     return new, reshard_delta(current, new), None
 
 
@@ -171,8 +170,6 @@ class FrontierPoint:
 
     @property
     def gap(self) -> float | None:
-        from solvers.bounds import gap_to_bound
-
         return None if self.bound is None else gap_to_bound(self.objective, self.bound)
 
 
