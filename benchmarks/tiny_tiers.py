@@ -8,7 +8,6 @@ import argparse
 import json
 import statistics
 import sys
-from pathlib import Path
 
 import numpy as np
 

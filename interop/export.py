@@ -1,7 +1,8 @@
 """A plan as the ShardingPlan TorchRec runs, built with TorchRec's own helpers (so shards are cut by its
 rules and must equal ours, with the kernel we priced), for one module or every shardable module of a
 model; a ShardingPlan read back as a plan, re-rated by TorchRec's own enumerator and estimators, and its
-readable per-table form."""
+readable per-table form; and for a replan, an old ShardingPlan's tables and the delta that
+DistributedModelParallel.reshard takes."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -267,3 +268,40 @@ def readable(sharding_plan) -> dict:
                 "cache_load_factor": getattr(sharding.cache_params, "load_factor", None),
                 "ranks": list(sharding.ranks or []), "shards": shards}
     return out
+
+
+def tables_from_torchrec(instance: Instance, sharding_plan, path: str | None = None,
+                         names: Mapping[tuple[str, str], str] | None = None) -> tuple[dict, tuple[str, ...]]:
+    """A TorchRec ShardingPlan's tables as our shardings by instance table name, split into the instance's
+    tables and the names of the others (dropped). Tables are named as in the plan (of its modules at or below
+    `path`, every module when not given), or through `names`: (module path, table) → instance name."""
+    if names is None:
+        found = {name: (name, sharding) for name, sharding in _table_plans(sharding_plan, path).items()}
+    else:
+        found = {f"{where}.{name}" if where else name: (names.get((where, name)), sharding)
+                 for where, module_plan in sharding_plan.plan.items() for name, sharding in module_plan.items()}
+    by_name = {t.name: t for t in instance.tables}
+    kept = {ours: _table_sharding(instance, by_name[ours], sharding) for ours, sharding in found.values()
+            if ours in by_name}
+    if not kept:
+        raise InstanceError("plan", f"the ShardingPlan shares no table with instance {instance.id!r}")
+    return kept, tuple(sorted(label for label, (ours, _) in found.items() if ours not in by_name))
+
+
+def same_tables(old_plan, new_plan) -> bool:
+    """Whether two ShardingPlans shard the same tables of the same modules (a running job can then reshard
+    from one to the other)."""
+    return sorted(old_plan.plan) == sorted(new_plan.plan) and all(
+        sorted(module_plan) == sorted(new_plan.plan[path]) for path, module_plan in old_plan.plan.items())
+
+
+def reshard_delta(old_plan, new_plan) -> dict:
+    """What DistributedModelParallel.reshard takes to go from one ShardingPlan to another: per module path,
+    (TorchRec's own estimate of the data volume in MB, the ParameterShardings whose ranks change), from
+    TorchRec's `output_sharding_plans_delta`. The two plans must shard the same modules and tables."""
+    from torchrec.distributed.sharding.dynamic_sharding import output_sharding_plans_delta
+
+    if not same_tables(old_plan, new_plan):
+        raise InstanceError("plan", "the previous ShardingPlan's modules and tables are not the new plan's; a running "
+                            "job reshards the tables it has")
+    return output_sharding_plans_delta(old_plan.plan, new_plan.plan, return_data_volume=True)

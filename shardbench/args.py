@@ -101,5 +101,19 @@ def name_list(names: tuple[str, ...], what: str):
     return parse
 
 
+def move_budget(text: str) -> int | None:
+    """An argparse type: a move budget in bytes — a size with a unit, 0, or `unlimited` (None)."""
+    from instances import InstanceError
+
+    from .replanning import move_budget_bytes
+
+    try:
+        return move_budget_bytes(text, "--move-budget")
+    except InstanceError as exc:
+        raise argparse.ArgumentTypeError(exc.reason) from exc
+
+
+move_budget.__name__ = "move budget"  # argparse names the type in its messages
+
 sharding_types = name_list(SHARDING_TYPES, "sharding types")
 compute_kernels = name_list(KERNELS, "compute kernels")

@@ -57,6 +57,7 @@ try:
         compute_kernels,
         examples,
         gap_fraction,
+        move_budget,
         number,
         sharding_types,
     )
@@ -333,6 +334,92 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+REPLAN_NAMES = {"previous_plan": "--from", "move_budget": "--move-budget"}
+
+
+def _cmd_replan(args: argparse.Namespace) -> int:
+    from .replanning import delta_path, frontier, read_old_plan, torchrec_plans, write_frontier
+
+    check_output_path(args.output, "-o")
+    if args.frontier:
+        for given, flag in ((args.move_budget, "--move-budget"), (args.torchrec_out, "--torchrec-out")):
+            if given is not None:
+                raise InstanceError(flag, "--frontier spans every move budget from keeping the old plan to a fresh "
+                                    "plan, and writes a results page (-o) only")
+        _page_outputs(args)
+    elif args.move_budget is None:
+        raise InstanceError("--move-budget", "is required (a size such as 20GiB, 0 to keep the old plan, or "
+                            "unlimited), unless --frontier")
+    if args.torchrec_out:
+        check_output_path(args.torchrec_out, "--torchrec-out")
+        outputs = {Path(p).resolve() for p in (args.output, args.torchrec_out, sidecar_path(args.torchrec_out),
+                                               delta_path(args.torchrec_out))}
+        if len(outputs) < 4 or {Path(args.instance).resolve(), Path(args.previous).resolve()} & outputs:
+            raise InstanceError("--torchrec-out", "the outputs must not overwrite the instance, the plans or each "
+                                "other")
+    elif Path(args.previous).resolve() == Path(args.output).resolve():
+        raise InstanceError("-o", "must not overwrite the old plan (--from)")
+    instance = load_instance(args.instance)
+    old = read_old_plan(args.previous, instance)
+    keep = not args.allow_type_changes
+    oracle, notes = (args.oracle, ()) if args.oracle else default_oracle()
+    _say_notes(notes)
+    if args.frontier:
+        front = frontier(instance, old, oracle, args.budget, args.seed, keep, args.solvers, args.gap, echo=print)
+        command = " ".join(["shardbench replan", args.instance, "--from", args.previous, "--frontier", "--oracle",
+                            oracle, "--budget", f"{args.budget:g}", "--seed", str(args.seed),
+                            *(["--gap", f"{args.gap:g}"] if args.gap else []),
+                            *(["--allow-type-changes"] if args.allow_type_changes else []), "-o", args.output])
+        plot, points = write_frontier(front, args.output, command)
+        print(f"frontier written to {args.output} (plot {plot}, points {points})")
+        return 0
+    previous = old.previous(instance, args.move_budget, keep, REPLAN_NAMES)
+    request = PlanRequest(instance, oracle, budget=args.budget, gap=args.gap,
+                          solvers=tuple(args.solvers) if args.solvers else None, seed=args.seed, names=CLI_NAMES,
+                          previous=previous)
+    report = run(request, echo=print)
+    result = report.result
+    if result.plan is None:
+        print(f"no plan: {result.no_plan_reason}", file=sys.stderr)
+        return EXIT_NO_PLAN
+    # Every output is made in memory first (a plan TorchRec cannot take fails here), then written all or none.
+    outputs = {args.output: plan_file(result.plan, report.instance, report.record)}
+    why_not = delta = None
+    if args.torchrec_out:
+        from .planfiles import sharding_plan_bytes
+
+        paths = old.module_paths
+        module = args.module_path if args.module_path is not None else paths[0] if len(paths) == 1 else ""
+        sharding_plan, delta, why_not = torchrec_plans(report.instance, result, old, previous, module)
+        outputs |= plan_files(sharding_plan, args.torchrec_out, sidecar_path(args.torchrec_out), report.instance,
+                              result.plan)
+        if delta is not None:
+            outputs[delta_path(args.torchrec_out)] = sharding_plan_bytes(delta)
+    write_files_atomic(outputs)
+    print(f"plan written to {args.output}")
+    if args.torchrec_out:
+        print(f"TorchRec ShardingPlan written to {args.torchrec_out} (readable: {sidecar_path(args.torchrec_out)})")
+        if delta is None:
+            print(f"no reshard delta: {why_not}")
+        else:
+            changed = sum(len(module_plan) for _, module_plan in delta.values())
+            print(f"reshard delta ({changed} table{'s' if changed != 1 else ''} whose ranks change) written to "
+                  f"{delta_path(args.torchrec_out)}: DistributedModelParallel.reshard(shardbench.load_plan(...))")
+    return 0
+
+
+def _page_outputs(args: argparse.Namespace) -> None:
+    """A frontier writes a page (.md) with its plot (.png) and points (.json) beside it."""
+    page = Path(args.output)
+    if page.suffix != ".md":
+        raise InstanceError("-o", f"with --frontier, names the results page to write (a .md file), got {args.output!r}")
+    for path in (page.with_suffix(".png"), page.with_suffix(".json")):
+        check_output_path(path, "-o")
+    if {Path(args.instance).resolve(), Path(args.previous).resolve()} & \
+            {p.resolve() for p in (page, page.with_suffix(".png"), page.with_suffix(".json"))}:
+        raise InstanceError("-o", "the page, plot and points must not overwrite the instance or the old plan")
+
+
 def _cmd_show_plan(args: argparse.Namespace) -> int:
     instance = load_instance(args.instance)
     plan = load_plan(args.plan, instance)
@@ -532,6 +619,46 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
             question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
             question.set_defaults(func=_cmd_plan)
+    replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
+                            "old plan (TorchRec's reshard)",
+                            description="Replan an instance whose workload shifted (pooling factors, batch size, "
+                            "access curves; tables added or dropped) from its old plan, moving at most --move-budget "
+                            "bytes of shards (with their optimizer state) between devices: the best plan the "
+                            "portfolio finds within the budget, with a bound over every plan within it. By default "
+                            "every old table keeps its sharding type, shard count and kernel, so that only ranks "
+                            "change, as TorchRec's DistributedModelParallel.reshard moves them; new tables are placed "
+                            "and dropped ones free their memory, neither counting as moved.",
+                            epilog=examples("shardbench replan new.json --from plan.json --move-budget 20GiB "
+                                            "-o new-plan.json",
+                                            "shardbench replan new.json --from plan.pt --move-budget 0 -o kept.json",
+                                            "shardbench replan new.json --from plan.json --frontier -o frontier.md"))
+    replan.add_argument("instance", metavar="NEW_INSTANCE", help="the new instance JSON (the workload as it is "
+                        "now)")
+    replan.add_argument("--from", dest="previous", metavar="OLD_PLAN", required=True, help="the old plan: our "
+                        "plan JSON or a TorchRec ShardingPlan (.pt, as plan --torchrec-out writes it); tables are "
+                        "matched by name")
+    replan.add_argument("--move-budget", type=move_budget, metavar="SIZE", help="bytes the replan may move: a size "
+                        "with a unit (20GiB, 500MB), 0 to keep the old plan, or unlimited (required unless --frontier)")
+    replan.add_argument("--allow-type-changes", action="store_true", help="let old tables change sharding type, shard "
+                        "count and kernel too (a checkpoint-and-reload re-shard; no reshard delta is written)")
+    replan.add_argument("--frontier", action="store_true", help="instead of one plan, write the frontier of cost "
+                        "against bytes moved, from the old plan to a fresh one (each point --budget seconds), as a "
+                        "results page (-o PAGE.md) with its plot (PAGE.png) and points (PAGE.json)")
+    replan.add_argument("--oracle", help=f"the cost oracle (see `shardbench oracles`; {ORACLE_DEFAULT})")
+    replan.add_argument("--budget", type=TIME_LIMIT, default=10.0, help="seconds the portfolio may take")
+    replan.add_argument("--solvers", type=lambda v: [s.strip() for s in v.split(",") if s.strip()],
+                        help="run these instead of the replan portfolio (local-search + cpsat), comma-separated")
+    replan.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
+    replan.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
+    replan.add_argument("-o", "--output", required=True, help="the best validated plan (JSON), or with --frontier "
+                        "the results page (.md)")
+    replan.add_argument("--torchrec-out", help="also the TorchRec ShardingPlan (torch.save), its readable "
+                        ".sharding.json and, where a running job can reshard into it, the delta "
+                        "DistributedModelParallel.reshard takes (.reshard.pt) (default: not written)")
+    replan.add_argument("--module-path", type=module_path, help=MODULE_PATH_HELP.replace(
+        "default: \"\", the model itself", "default: the old ShardingPlan's, else \"\", the model itself"))
+    replan.set_defaults(func=_cmd_replan)
+
     show_plan = sub.add_parser("show-plan", help="a plan per table (kernel, load factor) and per device (shards, "
                                "HBM and host memory, cost breakdown)",
                                epilog=examples("shardbench show-plan plan.json --instance instance.json --brief"))

@@ -1,6 +1,7 @@
 """The one planning pipeline behind every entry point (`shardbench plan`, `shardbench.plan`,
-`ShardbenchPlanner.plan`, `demo`): a frozen request runs named stages in TorchRec's order — narrow → admit →
-choose → price → race → certify → report — each returning an immutable value."""
+`ShardbenchPlanner.plan`, `demo`, `replan`): a frozen request runs named stages in TorchRec's order — narrow
+→ admit → choose → price → race → certify → report — each returning an immutable value. A request with a
+previous plan replans: its members start from that plan and keep within its move budget."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
@@ -10,10 +11,22 @@ from typing import Callable, Mapping
 
 from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance, InstanceError
+from instances.memory import format_bytes
+from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, memory_infeasibility
 
-from .portfolio import SAFETY_NET, PortfolioResult, Race, first_plan_allowance, optimal_over, race_members, settle
+from .portfolio import (
+    REPLAN_PORTFOLIO,
+    REPLAN_SAFETY_NET,
+    SAFETY_NET,
+    PortfolioResult,
+    Race,
+    first_plan_allowance,
+    optimal_over,
+    race_members,
+    settle,
+)
 from .recommend import Rules
 
 # The cost model every entry point plans under unless told otherwise (the CLI's --oracle, the oracle= of
@@ -47,7 +60,8 @@ class PlanRequest:
     """What to plan and how: the instance, the oracle the members optimise, the budget (seconds, pricing
     included), the gap (a fraction of the bound that stops the search early), the members (None: the
     recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
-    types and compute kernels to plan with (None: the instance's), and a rules file for the recommender."""
+    types and compute kernels to plan with (None: the instance's), a rules file for the recommender, and
+    for a replan the previous plan with its move budget."""
 
     instance: Instance
     oracle: str
@@ -60,6 +74,7 @@ class PlanRequest:
     rules: str | Path | None = None
     names: Mapping[str, str] = field(default_factory=lambda: dict(PYTHON_NAMES))
     notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf, said with the result
+    previous: Previous | None = None  # a replan: the previous plan over the instance, with its move budget
 
 
 @dataclass(frozen=True)
@@ -142,10 +157,16 @@ def cannot_fit(instance: Instance) -> str | None:
     return memory_infeasibility(Problem(instance, get_oracle("lookup")))
 
 
+def safety_net(request: PlanRequest) -> str:
+    """The member that always runs: `best-greedy`, or in a replan `split-greedy`, which starts from the
+    previous plan (so the result is never worse than keeping it)."""
+    return SAFETY_NET if request.previous is None else REPLAN_SAFETY_NET
+
+
 def admit(request: PlanRequest, instance: Instance) -> Admitted:
     """Whether the request can be planned at all: its budget, gap and seed in range, its members known, its
     oracle known and able to price the instance, and the instance able to fit memory (else the proof);
-    the members the oracle rules out are named with the reason."""
+    the members the oracle (or a replan) rules out are named with the reason."""
     Budget(request.budget, gap=request.gap)
     check_seed(request.seed)
     if request.solvers is not None and not request.solvers:
@@ -153,10 +174,11 @@ def admit(request: PlanRequest, instance: Instance) -> Admitted:
     for name in request.solvers or ():
         get_solver(name)
     check_oracle(instance, request.oracle)
-    members = dict.fromkeys([*(request.solvers or ()), SAFETY_NET])
+    members = dict.fromkeys([*(request.solvers or ()), safety_net(request)])
     additive, tiers = oracle_is_additive(request.oracle), oracle_prices_tiers(request.oracle)
     skipped = tuple(f"{name}: {why}" for name in members
-                    if (why := incompatibility(get_solver(name), additive, tiers, instance.uses_host_memory)))
+                    if (why := incompatibility(get_solver(name), additive, tiers, instance.uses_host_memory,
+                                               request.previous is not None)))
     return Admitted(instance, skipped, cannot_fit(instance))
 
 
@@ -172,27 +194,32 @@ def recommended(instance: Instance, oracle: str, budget: float, rules: str | Pat
 
 
 def choose(request: PlanRequest, admitted: Admitted) -> tuple[str, ...]:
-    """The portfolio: the request's solvers, or the recommended ones for this workload."""
+    """The portfolio: the request's solvers, or the recommended ones for this workload; in a replan (on which
+    the recommender has no evidence) local search and, under an additive oracle, CP-SAT with its moved-bytes
+    row."""
     if request.solvers is not None:
         return tuple(request.solvers)
+    if request.previous is not None:
+        return REPLAN_PORTFOLIO if oracle_is_additive(request.oracle) else REPLAN_PORTFOLIO[:1]
     return tuple(recommended(admitted.instance, request.oracle, request.budget, request.rules))
 
 
-def runnable(admitted: Admitted, portfolio: tuple[str, ...]) -> tuple[str, ...]:
+def runnable(admitted: Admitted, portfolio: tuple[str, ...], net: str = SAFETY_NET) -> tuple[str, ...]:
     """The members that run: the portfolio and the safety net, less those the oracle rules out."""
     ruled_out = {entry.split(":", 1)[0] for entry in admitted.skipped}
-    return tuple(name for name in dict.fromkeys([*portfolio, SAFETY_NET]) if name not in ruled_out)
+    return tuple(name for name in dict.fromkeys([*portfolio, net]) if name not in ruled_out)
 
 
 # ------------------------------------------------------------------ price
 
 
-def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool) -> Priced:
-    """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too —
-    so that every member shares them. The budget's clock starts now (building the oracle, which may load
-    a library, is start-up, not planning)."""
+def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool,
+          previous: Previous | None = None) -> Priced:
+    """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too;
+    in a replan, what each piece moves from the previous plan — so that every member shares them. The
+    budget's clock starts now (building the oracle, which may load a library, is start-up, not planning)."""
     clock = budget.begun()
-    problem = Problem.priced(instance, oracle, whole_tables)
+    problem = Problem.priced(instance, oracle, whole_tables, previous)
     return Priced(problem, clock, clock.elapsed())
 
 
@@ -234,7 +261,8 @@ def _load_factors(result: PortfolioResult) -> str:
 
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
     """What `plan` prints once the race is over: each member's verdict (the kept one first), what was
-    skipped or stopped, and — with a plan — its cost, types, kernels and certificate."""
+    skipped or stopped, and — with a plan — its cost, types, kernels, certificate and, in a replan, the
+    bytes it moves."""
     lines = [f"  options priced once in {result.pricing_s:.2f} s" + (
         ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")]
     kept = [m for m in result.members if m.solver == result.solver]
@@ -257,9 +285,22 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
               + _load_factors(result)]
     gap = result.gap
-    lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {optimal_over(instance)}"
+    over = optimal_over(instance, request.previous)
+    lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}"
                  if gap is not None else "  certificate: none (no member proved a bound)")
+    if request.previous is not None:
+        lines.append("  " + moved_line(request.previous, result.moved_bytes))
     return lines
+
+
+def moved_line(previous: Previous, moved: int) -> str:
+    """How many bytes a replan moves, against its budget, and what it added and dropped."""
+    budget = "an unlimited budget" if previous.budget is None else f"a budget of {format_bytes(previous.budget)}"
+    changes = [f"{previous.added} new table{'s' if previous.added != 1 else ''} placed"] if previous.added else []
+    changes += [f"{len(previous.dropped)} dropped"] if previous.dropped else []
+    exact = f" ({moved} B)" if moved >= 1024 else ""
+    return (f"moves {format_bytes(moved)}{exact} from the previous plan, within {budget}"
+            + (f" ({', '.join(changes)}; neither counts as moved)" if changes else ""))
 
 
 def report_record(request: PlanRequest, instance: Instance, result: PortfolioResult, members: tuple[str, ...]) -> dict:
@@ -267,12 +308,19 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
     return {
         "solver": result.solver, "portfolio": list(members), "oracle": request.oracle, "budget": request.budget,
         "seed": request.seed, "gap_target": request.gap, "objective": result.objective, "lower_bound": result.bound,
-        "gap": result.gap, "optimal_over": optimal_over(instance),
+        "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,
         "pricing_seconds": result.pricing_s, "sharding_types": list(instance.sharding_types),
         "members": [{"solver": m.solver, "status": m.status, "problem": m.problem, "objective": m.objective,
-                     "seconds": m.seconds, "reason": m.why} for m in result.members]}
+                     "seconds": m.seconds, "reason": m.why} for m in result.members],
+        **(replan_record(request.previous, result) if request.previous is not None else {})}
+
+
+def replan_record(previous: Previous, result: PortfolioResult) -> dict:
+    """What a replan's plan file says beside the plan: the bytes moved, the budget, what was kept."""
+    return {"moved_bytes": result.moved_bytes, "move_budget": previous.budget, "keep_types": previous.keep_types,
+            "tables_added": previous.added, "tables_dropped": list(previous.dropped)}
 
 
 # ------------------------------------------------------------------ the pipeline
@@ -296,17 +344,18 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
         result = PortfolioResult(None, None, None, None, 0.0, skipped=admitted.skipped, refused=admitted.unfit,
                                  notes=request.notes)
         return PlanReport(instance, result, (), tuple(lines), report_record(request, instance, result, ()))
-    portfolio = choose(request, admitted)
-    members = runnable(admitted, portfolio)
-    say(f"{instance.id} under {request.oracle}, budget {request.budget:g} s: running "
-        f"{' + '.join(dict.fromkeys([*portfolio, SAFETY_NET]))}")
+    portfolio, net = choose(request, admitted), safety_net(request)
+    members = runnable(admitted, portfolio, net)
+    doing = "replanning with" if request.previous is not None else "running"
+    say(f"{instance.id} under {request.oracle}, budget {request.budget:g} s: "
+        f"{doing} {' + '.join(dict.fromkeys([*portfolio, net]))}")
     oracle = get_oracle(request.oracle)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
-                   any(not get_solver(name).splits for name in members))
+                   any(not get_solver(name).splits for name in members), request.previous)
     result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped), notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):
         say(line)
-    entered = tuple(dict.fromkeys([*portfolio, SAFETY_NET]))
+    entered = tuple(dict.fromkeys([*portfolio, net]))
     return PlanReport(instance, result, entered, tuple(lines), report_record(request, instance, result, entered))
 
 

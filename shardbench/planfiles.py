@@ -76,13 +76,19 @@ def sidecar(sharding_plan, instance: Instance, plan: Plan) -> dict:
                         for d in range(instance.num_devices)]}
 
 
-def plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
-               plan: Plan) -> dict[str, bytes]:
-    """The ShardingPlan of `plan` for `output` and its readable JSON (`sidecar`) for `readable_path`, as bytes
-    (serialised in memory first: torch reports a full disk as a RuntimeError, not an OSError)."""
+def sharding_plan_bytes(sharding_plan) -> bytes:
+    """A ShardingPlan as `save_sharding_plan` writes it, serialised in memory (torch reports a full disk as a
+    RuntimeError, not an OSError, so nothing is written until every output is made)."""
     buffer = io.BytesIO()
     save_sharding_plan(sharding_plan, buffer)
-    return {str(output): buffer.getvalue(), str(readable_path): json_bytes(sidecar(sharding_plan, instance, plan))}
+    return buffer.getvalue()
+
+
+def plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,
+               plan: Plan) -> dict[str, bytes]:
+    """The ShardingPlan of `plan` for `output` and its readable JSON (`sidecar`) for `readable_path`, as bytes."""
+    return {str(output): sharding_plan_bytes(sharding_plan),
+            str(readable_path): json_bytes(sidecar(sharding_plan, instance, plan))}
 
 
 def write_plan_files(sharding_plan, output: str | Path, readable_path: str | Path, instance: Instance,

@@ -83,27 +83,44 @@ class ShardbenchPlanner(ShardingPlanner):
 
     In an initialised process group, `plan` plans on rank 0 and broadcasts its ShardingPlan, as TorchRec's
     `collective_plan` does, so every rank gets the same plan whatever each rank's clock would have given;
-    `result` is then set on rank 0 only."""
+    `result` is then set on rank 0 only.
+
+    Given `previous_plan` (the ShardingPlan the job runs now), `plan` replans from it: the best plan that
+    moves at most `move_budget` bytes of shards with their optimizer state (a number or a size such as
+    "20GiB"; None: unlimited; 0 keeps it), every old table keeping its sharding type, shard count and kernel
+    unless `allow_type_changes`; `result.moved_bytes` says what it moves, and `reshard_delta` holds what
+    `DistributedModelParallel.reshard` takes to get there (None where tables were added or dropped, or types
+    may change: then re-shard from a checkpoint)."""
 
     def __init__(self, topology: Topology, batch_size: int | None = None,
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
                  oracle: str = DEFAULT_ORACLE, solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
-                 storage_reservation: StorageReservation | None = None) -> None:
+                 storage_reservation: StorageReservation | None = None, previous_plan: ShardingPlan | None = None,
+                 move_budget: int | str | None = None, allow_type_changes: bool = False) -> None:
+        from .replanning import move_budget_bytes
+
         self._topology = topology
         self._batch_size = batch_size if batch_size else BATCH_SIZE
         self._constraints = dict(constraints or {})
         self._budget, self._oracle, self._solvers, self._seed, self._gap = budget, oracle, solvers, seed, gap
         self._reservation = storage_reservation
+        self._previous, self._keep_types = previous_plan, not allow_type_changes
+        self._move_budget = move_budget_bytes(move_budget)
         self.result: PortfolioResult | None = None
         self.instance: Instance | None = None
+        self.reshard_delta: dict | None = None
 
     def plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None = None) -> ShardingPlan:
         """The ShardingPlan of every shardable module of `module` (found by `sharders`, TorchRec's
         defaults when not given), planned jointly — on rank 0 and broadcast when a process group is
-        initialised. Raises PlannerError when no member finds a plan."""
+        initialised (a replan's `reshard_delta` then set on every rank). Raises PlannerError when no member
+        finds a plan."""
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return self.collective_plan(module, sharders)
-        return self._plan_here(module, sharders)
+            plan = self.collective_plan(module, sharders)
+        else:
+            plan = self._plan_here(module, sharders)
+        self.reshard_delta = self._delta(plan)
+        return plan
 
     def collective_plan(self, module: nn.Module, sharders: list[ModuleSharder[nn.Module]] | None = None,
                         pg: dist.ProcessGroup | None = None) -> ShardingPlan:
@@ -127,13 +144,33 @@ class ShardbenchPlanner(ShardingPlanner):
         for note in notes:
             logging.getLogger("shardbench").warning("shardbench: %s", note)
         self.instance = instance
+        previous = self._previous_over(instance, names)
         self.result = run(plan_request(instance, self._oracle, budget=self._budget, solvers=self._solvers,
-                                       seed=self._seed, gap=self._gap, notes=notes)).result
+                                       seed=self._seed, gap=self._gap, notes=notes, previous=previous)).result
         if self.result.plan is None:
             raise PlannerError(f"shardbench found no plan within {self._budget} s: {self.result.no_plan_reason}")
         modules = [ShardableModule(f.path, f.module, f.sharder,
                                    tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
         return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)
+
+    def _delta(self, plan: ShardingPlan) -> dict | None:
+        """What DistributedModelParallel.reshard takes from the previous plan to `plan`, where a running job can
+        reshard into it (a replan keeping types, of the same tables), else None."""
+        from interop.export import reshard_delta, same_tables
+
+        if self._previous is None or not self._keep_types or not same_tables(self._previous, plan):
+            return None
+        return reshard_delta(self._previous, plan)
+
+    def _previous_over(self, instance: Instance, names: dict[tuple[str, str], str]):
+        """The previous ShardingPlan over the instance's tables (a replan), or None."""
+        if self._previous is None:
+            return None
+        from interop.export import tables_from_torchrec
+        from instances.moves import previous_plan
+
+        tables, dropped = tables_from_torchrec(instance, self._previous, names=names)
+        return previous_plan(instance, tables, self._move_budget, self._keep_types, dropped)
 
     def _reserved(self, module: nn.Module, sharders: list) -> Topology:
         """The Topology with the storage reservation taken off, as TorchRec's planner reserves it on the model."""

@@ -7,6 +7,8 @@ import functools
 from dataclasses import dataclass, field
 
 from instances import Instance
+from instances.memory import format_bytes
+from instances.moves import Previous, check_replan
 from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
 from solvers.base import wall_limit
@@ -26,6 +28,11 @@ def first_plan_allowance(budget: float) -> float:
     return 1.0 + 0.5 * budget
 
 SAFETY_NET = "best-greedy"  # always in the portfolio: the plan is never worse than its
+# A replan's: `split-greedy` starts from the previous plan, so the plan is never worse than keeping it.
+REPLAN_SAFETY_NET = "split-greedy"
+# The recommender has no evidence on replans: local search from the previous plan, and (additive oracles)
+# CP-SAT with its moved-bytes row, which proves the bound over the plans within the budget.
+REPLAN_PORTFOLIO = ("local-search", "cpsat")
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class PortfolioResult:
     pricing_s: float = 0.0      # spent pricing the options before the members started (part of the budget)
     refused: str | None = None  # the proof that no plan fits memory, when the pipeline therefore ran no member
     notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf (e.g. TorchRec's default DDR)
+    moved_bytes: int | None = None  # in a replan, the bytes the plan moves from the previous plan
 
     @property
     def no_plan_reason(self) -> str | None:
@@ -107,13 +115,19 @@ class PortfolioResult:
         return gap_to_bound(self.objective, self.bound)
 
 
-def optimal_over(instance: Instance) -> str:
+def optimal_over(instance: Instance, previous: Previous | None = None) -> str:
     """What a bound of the problem as posed, and so a gap or a proven optimum, is over: cache load factors
-    are each table's enumerated ones, not every value in (0, 1]."""
+    are each table's enumerated ones, not every value in (0, 1]; a replan's, the plans within its move budget."""
     tiers = " × compute kernels × the enumerated cache load factors" if instance.uses_host_memory else ""
     if instance.allows_splits:
-        return f"the enumerated options (sharding types × shard counts{tiers})"
-    return f"whole-table plans ({tiers[3:]})" if tiers else "whole-table plans"
+        over = f"the enumerated options (sharding types × shard counts{tiers})"
+    else:
+        over = f"whole-table plans ({tiers[3:]})" if tiers else "whole-table plans"
+    if previous is None:
+        return over
+    within = "an unlimited move budget" if previous.budget is None else f"a move budget of {format_bytes(previous.budget)}"
+    kept = ", every old table keeping its sharding type, shard count and kernel" if previous.keep_types else ""
+    return f"{over}, within {within}{kept}"
 
 
 def _solve(name: str, problem: Problem, budget: Budget, seed: int) -> SolveResult:
@@ -175,6 +189,7 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
         return PortfolioResult(None, None, None, bound, race.wall_s, members, race.stopped, skipped, pricing)
     best = min(with_plan, key=lambda m: (m.result.objective, race.names.index(m.solver)))
     plan = best.result.plan.validate(instance)
+    moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
     return PortfolioResult(plan, best.solver, objective, min(bound, objective) if bound is not None else None,
-                           race.wall_s, members, race.stopped, skipped, pricing)
+                           race.wall_s, members, race.stopped, skipped, pricing, moved_bytes=moved)

@@ -1,8 +1,9 @@
 """A sharded plan under construction or change, over the priced candidates: an option per table, a device
-per piece of the chosen options, free memory per device, and the oracle's incremental device state. On
-it, the split-aware greedy skeleton: fit an option's pieces where they cost least (free pieces one by
-one on the device with room whose cost after adding is lowest; a node option on the node whose busiest
-device ends lowest; pinned pieces where they are pinned), and construct a plan table by table."""
+per piece of the chosen options, free memory per device, the oracle's incremental device state and, in a
+replan, the bytes moved from the previous plan. On it, the split-aware greedy skeleton: fit an option's
+pieces where they cost least (free pieces one by one on the device with room whose cost after adding is
+lowest; a node option on the node whose busiest device ends lowest; pinned pieces where they are pinned),
+and construct a plan table by table."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class Assembly:
         self.free = np.array(instance.capacity, dtype=np.int64)
         self.chosen = np.full(instance.num_tables, -1, dtype=np.int64)
         self.device = np.full(len(candidates.options.pieces), -1, dtype=np.int64)
+        self.moves = candidates.moves
+        self.moved = 0  # bytes the placed pieces move from a replan's previous plan
 
     # ------------------------------------------------------------ reading
 
@@ -72,6 +75,14 @@ class Assembly:
     def on(self, device: int) -> np.ndarray:
         return np.flatnonzero(self.device == device)
 
+    def allowance(self) -> float:
+        """Bytes the move budget has left (infinite where there is no budget)."""
+        return np.inf if self.moves is None else self.moves.budget - self.moved
+
+    def moved_by(self, pieces: np.ndarray, devices: np.ndarray) -> int:
+        """Bytes these pieces move from the previous plan on these devices (0 when not replanning)."""
+        return 0 if self.moves is None else int(self.moves.moved(pieces, devices).sum())
+
     def snapshot(self) -> tuple[np.ndarray, np.ndarray]:
         return self.chosen.copy(), self.device.copy()
 
@@ -83,6 +94,7 @@ class Assembly:
     def put(self, option: int, devices: np.ndarray) -> None:
         members = self.c.members(option)
         self.state.add_many(members, devices)
+        self.moved += self.moved_by(members, devices)
         np.subtract.at(self.free, devices, self.memory[members])
         self.device[members] = devices
         self.chosen[self.c.options.options[option].table] = option
@@ -93,6 +105,7 @@ class Assembly:
         members = self.c.members(option)
         devices = self.device[members].copy()
         self.state.remove_many(members, devices)
+        self.moved -= self.moved_by(members, devices)
         np.add.at(self.free, devices, self.memory[members])
         self.device[members] = -1
         self.chosen[table] = -1
@@ -100,6 +113,9 @@ class Assembly:
 
     def move(self, piece: int, device: int) -> None:
         source = int(self.device[piece])
+        if self.moves is not None:
+            self.moved += self.moved_by(np.array([piece]), np.array([device])) - \
+                self.moved_by(np.array([piece]), np.array([source]))
         self.state.remove(piece, source)
         self.free[source] += self.memory[piece]
         self.state.add(piece, device)
@@ -115,8 +131,9 @@ class Assembly:
 
     # ------------------------------------------------------------ fitting an option
 
-    def fit(self, option: int) -> Trial | Stuck:
-        """Devices for the option's pieces given what is placed now (nothing changes)."""
+    def fit(self, option: int) -> Trial | Stuck | None:
+        """Devices for the option's pieces given what is placed now (nothing changes); None where every
+        placement with room would move more bytes than the move budget has left."""
         members = self.c.members(option)
         need = self.memory[members]
         placement = self.c.placement(option)
@@ -126,26 +143,38 @@ class Assembly:
             if short.size:
                 p = int(short[0])
                 return _short_on(int(members[p]), need[p], self.free[devices[p]])
+            if self.moved_by(members, devices) > self.allowance():
+                return None
             return Trial(option, devices, self.state.costs_with(members, devices))
         if placement == "node":
-            return self._best_node(option, members, need, lambda node: self.c.devices(option, node=node))
+            fixed = -1 if self.moves is None else int(self.moves.fixed_node[option])
+            return self._best_node(option, members, need, lambda node: self.c.devices(option, node=node),
+                                   None if fixed < 0 else (fixed,))
         if placement == "node_free":
             return self._best_node(option, members, need, lambda node: self._spread(
                 members, need, np.arange(node * self.per_node, (node + 1) * self.per_node)))
         if placement == "grid":
             return self._grid(option, members, need)
         devices = self._spread(members, need, np.arange(self.k))
-        if isinstance(devices, Stuck):
+        if devices is None or isinstance(devices, Stuck):
             return devices
         return Trial(option, devices, self.state.costs_with(members, devices))
 
-    def _spread(self, members: np.ndarray, need: np.ndarray, allowed: np.ndarray) -> np.ndarray | Stuck:
-        """Free pieces one by one, each on the device among `allowed` with room where the cost after adding
-        it is lowest (nothing changes)."""
+    def _spread(self, members: np.ndarray, need: np.ndarray, allowed: np.ndarray) -> np.ndarray | Stuck | None:
+        """Free pieces one by one, each on the device among `allowed` with room (and, in a replan, within what
+        the move budget has left) where the cost after adding it is lowest (nothing changes); None where
+        the budget leaves a piece no device with room."""
         devices = np.empty(members.size, dtype=np.int64)
         free = self.free.copy()
+        left = self.allowance()
         for i, piece in enumerate(members):
             room = allowed[(free[allowed] >= need[i]).all(axis=1)]
+            if self.moves is not None:
+                affordable = room[self.moves.moved(np.full(room.size, piece), room) <= left]
+                if room.size and affordable.size == 0:
+                    self.state.remove_many(members[:i], devices[:i])
+                    return None
+                room = affordable
             if room.size == 0:
                 self.state.remove_many(members[:i], devices[:i])
                 tier, most_free = shortfall(need[i], free[allowed])
@@ -154,15 +183,22 @@ class Assembly:
             devices[i] = room[int(np.argmin(after))]
             self.state.add(int(piece), int(devices[i]))
             free[devices[i]] -= need[i]
+            left -= self.moved_by(members[i:i + 1], devices[i:i + 1])
         self.state.remove_many(members, devices)
         return devices
 
-    def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, place) -> Trial | Stuck:
-        """The node whose busiest touched device ends lowest, the pieces placed there by `place(node)` (their
-        devices, or why they find no room)."""
-        best, stuck = None, None
-        for node in range(self.k // self.per_node):
+    def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, place,
+                   nodes=None) -> Trial | Stuck | None:
+        """Of `nodes` (default: all), the node whose busiest touched device ends lowest, the pieces placed
+        there by `place(node)` (their devices, or why they find no room); None where the move budget rules
+        out every node with room."""
+        best, stuck, over_budget = None, None, False
+        for node in range(self.k // self.per_node) if nodes is None else nodes:
             devices = place(node)
+            if devices is None or (not isinstance(devices, Stuck)
+                                   and self.moved_by(members, devices) > self.allowance()):
+                over_budget = True
+                continue
             if isinstance(devices, Stuck):
                 stuck = stuck or devices
                 continue
@@ -176,10 +212,13 @@ class Assembly:
             trial = Trial(option, devices, self.state.costs_with(members, devices))
             if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
                 best = trial
-        return best if best is not None else stuck
+        if best is not None:
+            return best
+        return None if over_budget and stuck is None else stuck
 
-    def _grid(self, option: int, members: np.ndarray, need: np.ndarray) -> Trial | Stuck:
-        """A grid's column blocks one by one, each on the node whose busiest device ends lowest with it."""
+    def _grid(self, option: int, members: np.ndarray, need: np.ndarray) -> Trial | Stuck | None:
+        """A grid's column blocks one by one, each on the node whose busiest device ends lowest with it (None
+        where the move budget leaves a block no node)."""
         blocks = self.c.options.block[members]
         nodes = np.zeros(int(blocks.max()) + 1, dtype=np.int64)
         placed: list[tuple[np.ndarray, np.ndarray]] = []  # each block's pieces and devices, held while the rest fit
@@ -188,17 +227,19 @@ class Assembly:
             part = members[blocks == b]
             local = self.c.options.pin[part]
             trial = self._best_node(option, part, self.memory[part], lambda node: node * self.per_node + local)
-            if isinstance(trial, Stuck):
+            if not isinstance(trial, Trial):  # no room (Stuck) or none within the move budget (None)
                 outcome = trial
                 break
             nodes[b] = trial.devices[0] // self.per_node
             placed.append((part, trial.devices))
             self.state.add_many(part, trial.devices)
+            self.moved += self.moved_by(part, trial.devices)
             np.subtract.at(self.free, trial.devices, self.memory[part])
-        if outcome is None:
+        if len(placed) == nodes.size:
             outcome = Trial(option, self.c.devices(option, node=nodes), self.state.costs())
         for part, devices in placed:
             self.state.remove_many(part, devices)
+            self.moved -= self.moved_by(part, devices)
             np.add.at(self.free, devices, self.memory[part])
         return outcome
 

@@ -15,6 +15,7 @@ from costmodels import Oracle
 from instances import Instance, Plan, PlanError
 from instances.memory import HBM, HOST, format_bytes, format_sizes, over_capacity, shortfall, tier_label
 from instances.model import MAX_MEMORY_BYTES
+from instances.moves import check_replan
 from instances.sharding import check_capacity
 
 from .bounds import best_option_bound
@@ -116,6 +117,7 @@ class Cause(str, Enum):
     UNPROVEN = "unproven"        # a claim of infeasibility that came without a proof
     UNSUPPORTED = "unsupported"  # a solver of whole tables, on an instance whose tables cannot all be whole
     PEER_MODEL = "peer_model"    # a peer planner found no plan under its own cost and storage model
+    MOVE_BUDGET = "move_budget"  # a replan's heuristic found no placement of every table within the move budget
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ planner that plans under its own cost and storage model; it may find no plan whe
     splits: bool = False
     budgeted: bool = True
     peer: bool = False
+    replans: bool = False  # starts from a previous plan and keeps within a move budget (shardbench replan)
 
 
 class UnknownSolverError(KeyError):
@@ -223,10 +226,13 @@ class ClaimError(AssertionError):
 
 
 def incompatibility(info: SolverInfo | None, oracle_additive: bool, oracle_prices_tiers: bool = True,
-                    uses_host_memory: bool = False) -> str | None:
+                    uses_host_memory: bool = False, replanning: bool = False) -> str | None:
     """Why the solver (or, without one, any solver) cannot plan under an oracle (None when it can): the one
     compatibility rule, asked by run_solver, the portfolio, the suites and the recommender alike. An
-    instance whose tables may live in host memory needs an oracle that prices those kernels."""
+    instance whose tables may live in host memory needs an oracle that prices those kernels; a replan
+    needs a solver that starts from the previous plan."""
+    if replanning and info is not None and not info.replans:
+        return f"solver {info.name!r} plans afresh; a replan needs one that starts from the previous plan"
     if uses_host_memory and not oracle_prices_tiers:
         return ("the oracle does not price tables kept in host memory (fused_uvm, fused_uvm_caching): use analytic "
                 "or torchrec, or keep every table in HBM (--compute-kernels fused,dense)")
@@ -250,13 +256,15 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     budget = budget.begun()
     info = get_solver(name)
     seed = check_seed(seed)
-    mismatch = incompatibility(info, oracle.additive, oracle.prices_tiers, instance.uses_host_memory)
-    if mismatch:
-        raise SolverOracleMismatch(f"oracle {oracle.name!r}: {mismatch}")
     if problem is None:
         problem = Problem(instance, oracle)
     elif problem.instance is not instance or problem.oracle is not oracle:
         raise ValueError("run_solver: the problem given is not of this instance and oracle")
+    previous = problem.previous
+    mismatch = incompatibility(info, oracle.additive, oracle.prices_tiers, instance.uses_host_memory,
+                               previous is not None)
+    if mismatch:
+        raise SolverOracleMismatch(f"oracle {oracle.name!r}: {mismatch}")
     proof = memory_infeasibility(problem)
     if proof:
         return infeasible(proof)
@@ -273,8 +281,10 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
         claimed = None
     combinatorial = best_option_bound(problem.candidates) if oracle.additive else None
     if result.plan is None:
-        return _verified_failure(name, info, problem, budget, elapsed, result, claimed, stats)
+        return _verified_failure(name, info, problem, budget, elapsed, result, claimed, stats, previous is not None)
     result.plan.validate(instance)
+    if previous is not None:
+        stats["moved_bytes"] = check_replan(instance, previous, result.plan)
     if oracle.own_memory:
         check_capacity(oracle.storage_per_device(instance, result.plan), instance, f" under {oracle.name}'s storage model")
     objective = oracle.plan_cost(instance, result.plan)
@@ -309,7 +319,7 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
 
 
 def _verified_failure(name: str, info: "SolverInfo", problem: Problem, budget: Budget, elapsed: float,
-                      result: SolveResult, bound: float | None, stats: dict) -> SolveResult:
+                      result: SolveResult, bound: float | None, stats: dict, replanning: bool = False) -> SolveResult:
     if result.status == Status.INFEASIBLE:
         if info.exact:  # an exact model's own infeasibility verdict is its proof
             return SolveResult(Status.INFEASIBLE, reason=result.reason, stats=stats)
@@ -317,15 +327,17 @@ def _verified_failure(name: str, info: "SolverInfo", problem: Problem, budget: B
                            stats=stats, no_plan=NoPlan(Cause.UNPROVEN), lower_bound=bound)
     if result.status != Status.NO_PLAN or result.no_plan is None or not result.reason:
         raise ClaimError(f"solver {name!r} returned no plan with status {result.status.value} and no evidence")
-    check_no_plan(problem.instance, budget, elapsed, result.no_plan, peer=info.peer, problem=problem)
+    check_no_plan(problem.instance, budget, elapsed, result.no_plan, peer=info.peer, problem=problem,
+                  replanning=replanning)
     return SolveResult(Status.NO_PLAN, reason=result.reason, stats=stats, no_plan=result.no_plan, lower_bound=bound)
 
 
 def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: NoPlan, peer: bool = False,
-                  problem: Problem | None = None) -> None:
+                  problem: Problem | None = None, replanning: bool = False) -> None:
     """Raises ClaimError unless the evidence for a missing plan holds (`problem`: the instance's, priced by
     the solver's oracle; built under the lookup oracle where not given). Only a peer may blame its own
-    model: we cannot check another tool's storage model, and none of our solvers has one of its own."""
+    model: we cannot check another tool's storage model, and none of our solvers has one of its own; only a
+    replan may blame its move budget."""
     cause = evidence.cause
     if cause == Cause.DEAD_END:  # the table's (or one of its pieces') need is more than any device had left
         ok = (evidence.table is not None and 0 <= evidence.table < instance.num_tables and evidence.need is not None
@@ -345,6 +357,8 @@ def check_no_plan(instance: Instance, budget: Budget, elapsed: float, evidence: 
         ok = whole_table_obstacle(problem) is not None
     elif cause == Cause.PEER_MODEL:
         ok = peer
+    elif cause == Cause.MOVE_BUDGET:
+        ok = replanning
     else:
         ok = False
     if not ok:

@@ -7,7 +7,8 @@ options (table-wise alone is the special case with one option per table):
 - LP: the relaxation of the option choice (fractional options) with the average, largest-piece, total
   memory and — where the model is small enough — per-device constraints of pinned options; and, per
   table, its largest piece plus the least every other table's pinned option puts on any device (both
-  sit on the device that holds the piece)."""
+  sit on the device that holds the piece);
+- moves (a replan keeping every old table's option, within a move budget): see `move_bound`."""
 from __future__ import annotations
 
 import numpy as np
@@ -77,7 +78,62 @@ def _option_bounds(candidates: Candidates) -> dict[str, float]:
     bounds = {"average": float(max(cheapest.sum() / k, smallest_largest.max(initial=0.0))),
               "pigeonhole": pigeonhole_bound(smallest_largest, k)}
     bounds["packing"] = packing_bound(candidates, max(bounds.values()))
+    moves = candidates.moves
+    if moves is not None and moves.previous.keep_types and moves.previous.budget is not None:
+        bounds["moves"] = move_bound(candidates)
     return bounds
+
+
+def move_bound(candidates: Candidates) -> float:
+    """Over the plans within a replan's move budget where every old table keeps its option: a device whose
+    old pieces cost L more than a target T ends above T unless pieces of at least L − T of that cost leave
+    it, each moving at least the bytes it moves onto the cheapest other device (pinned pieces cannot
+    leave); new tables only add load. The least bytes that shed that much is at least the fractional
+    knapsack of the device's pieces by bytes per unit of cost; a T whose least bytes, summed over the
+    devices, exceed the budget is unreachable. The largest such T, by bisection (0 where none is)."""
+    moves = candidates.moves
+    k = candidates.num_devices
+    load = np.zeros(k)
+    shed: list[list[tuple[float, float]]] = [[] for _ in range(k)]  # per device: (bytes per cost, cost)
+    for option in moves.old_option[moves.old_option >= 0]:
+        members = candidates.members(int(option))
+        devices = moves.old_device[members]
+        costs = candidates.priced.costs[members]
+        np.add.at(load, devices, costs)
+        if candidates.placement(int(option)) != "free" or not candidates.live[option]:
+            continue
+        rows = moves.rows(members).astype(float)
+        rows[np.arange(members.size), devices] = np.inf
+        for device, cost, moved in zip(devices, costs, rows.min(axis=1)):
+            if cost > 0:
+                shed[int(device)].append((moved / cost, float(cost)))
+    shed = [sorted(pieces) for pieces in shed]
+
+    def least_bytes(target: float) -> float:
+        total = 0.0
+        for device in np.flatnonzero(load > target):
+            need = load[device] - target
+            for ratio, cost in shed[device]:
+                take = min(cost, need)
+                total += ratio * take
+                need -= take
+                if need <= 0:
+                    break
+            if need > 0:
+                return np.inf
+        return total
+
+    budget = float(moves.budget)
+    low, high = 0.0, float(load.max(initial=0.0))
+    if high <= 0 or least_bytes(0.0) <= budget:
+        return 0.0
+    for _ in range(PACKING_STEPS * 2):
+        middle = (low + high) / 2
+        if least_bytes(middle) > budget * (1 + 1e-12):
+            low = middle
+        else:
+            high = middle
+    return low
 
 
 def packing_bound(candidates: Candidates, low: float, mixes: tuple[float, ...] = PACKING_MIXES) -> float:

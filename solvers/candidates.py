@@ -29,13 +29,16 @@ from instances.options import (
     NODE,
     NODE_FREE,
     PINNED,
+    Option,
     OptionPieces,
     enumerate_options,
     plan_from_choice,
 )
+from instances.moves import NOT_REPLANNED, Previous
 from instances.sharding import COLUMN_BLOCKS, TABLE_WISE
 
 from .choice import MEMORY_SHARES, choose_options, option_weight
+from .moves import Moves, old_option_of
 
 
 DOMINANCE_SLACK = 1e-9  # relative: sums of the same costs in another order differ by far less
@@ -56,12 +59,14 @@ class Problem:
     instance: Instance
     oracle: Oracle
     sealed: bool = False
+    previous: Previous | None = None  # a replan's previous plan and move budget (None: plan afresh)
 
     @classmethod
-    def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False) -> "Problem":
+    def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
+               previous: Previous | None = None) -> "Problem":
         """The problem with its options priced (and, for solvers of whole tables, its whole-table
         restriction with its options and table-wise pieces priced too), sealed."""
-        problem = cls(instance, oracle)
+        problem = cls(instance, oracle, previous=previous)
         problem.candidates
         if whole_tables:
             problem.whole_tables.candidates
@@ -78,7 +83,7 @@ class Problem:
     @cached_property
     def candidates(self) -> "Candidates":
         self._price("the sharding options")
-        return Candidates.build(self.instance, self.oracle)
+        return Candidates.build(self.instance, self.oracle, self.previous)
 
     @cached_property
     def table_wise(self) -> Priced:
@@ -120,7 +125,24 @@ class Problem:
         if not self.instance.allows_splits:
             return self
         self._price("the whole-table restriction")
-        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle)
+        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous)
+
+
+def replan_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:
+    """The options of a replan (none of the types it does not plan, NOT_REPLANNED): each old table's old
+    sharding among them where the instance allows it (added where we do not enumerate it, e.g. three column
+    blocks, after the table's own), and its only one where every old table keeps its option."""
+    old = {t: old_option_of(t, s) for t, (table, s) in enumerate(zip(instance.tables, previous.shardings))
+           if s is not None and s.sharding_type in instance.allowed_types(table) and s.sharding_type not in
+           NOT_REPLANNED and s.compute_kernel in instance.allowed_kernels(table, s.sharding_type)}
+    by_table: dict[int, list[Option]] = {}
+    for option in options:
+        if option.sharding_type not in NOT_REPLANNED:
+            by_table.setdefault(option.table, []).append(option)
+    for t, option in old.items():
+        mine = by_table.get(t, [])
+        by_table[t] = [option] if previous.keep_types else mine + ([option] if option not in mine else [])
+    return [o for t in range(instance.num_tables) for o in by_table.get(t, [])]
 
 
 @dataclass(eq=False)
@@ -132,12 +154,16 @@ class Candidates:
     oracle_counts_memory: bool = False  # the oracle's storage is its own (Oracle.own_memory), not the instance's
     pruned: dict[str, int] = field(default_factory=dict)
     memo: dict = field(default_factory=dict)  # what pure functions of the candidates (the bounds) computed once
+    moves: Moves | None = None          # what each piece moves from a replan's previous plan, per device
 
     @classmethod
-    def build(cls, instance: Instance, oracle: Oracle) -> "Candidates":
-        options = OptionPieces.build(instance, enumerate_options(instance))
+    def build(cls, instance: Instance, oracle: Oracle, previous: Previous | None = None) -> "Candidates":
+        options = OptionPieces.build(instance, enumerate_options(instance) if previous is None else
+                                     replan_options(instance, enumerate_options(instance), previous))
         priced = oracle.bind(instance, options.pieces)
         candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool), oracle.own_memory)
+        if previous is not None:
+            candidates.moves = Moves.build(instance, options, previous)
         candidates._drop_unfit()
         if priced.additive:
             candidates._prune_dominated()
@@ -282,9 +308,10 @@ class Candidates:
         work = self.work.tolist()
         bytes_ = [tuple(row) for row in self.total_storage[:, list(self.binding_tiers)].tolist()]
         count = 0
-        for ids in self.by_table:
+        for table, ids in enumerate(self.by_table):
             ids = [int(o) for o in ids]
-            if len(ids) < 2:
+            # Options that move different bytes from a previous plan do not dominate one another.
+            if len(ids) < 2 or (self.moves is not None and self.moves.previous.shardings[table] is not None):
                 continue
             shapes = {o: self._shape(o, costs, memory) for o in ids}
             for b in ids:

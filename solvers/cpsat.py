@@ -40,7 +40,8 @@ class IntegerCosts:
 
 
 @register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
-          "symmetry breaking and a complete hint", exact=True, needs_additive=True, splits=True)
+          "symmetry breaking and a complete hint", exact=True, needs_additive=True, splits=True,
+          replans=True)
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
 
@@ -79,6 +80,11 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         loads.append(load)
     for terms, needs, capacity in model.memory:
         cp.Add(sum(n * variables[v] for v, n in zip(terms, needs)) <= capacity)
+    for terms, coefficients, rhs in model.links:
+        cp.Add(sum(c * variables[v] for v, c in zip(terms, coefficients)) <= rhs)
+    if model.moves is not None:
+        terms, moved, rhs = model.moves
+        cp.Add(sum(b * variables[v] for v, b in zip(terms, moved)) <= rhs)
     cp.Minimize(makespan)
     if start.assembly is not None:
         for var, value in zip(variables, model.hint):

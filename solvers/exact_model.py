@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from instances.moves import plan_moved_bytes
+
 from .assembly import Assembly
 from .base import (
     OPTIMALITY_TOLERANCE,
@@ -31,7 +33,7 @@ from .base import (
 )
 from .bounds import best_option_bound, lp_bound
 from .candidates import Candidates, Problem
-from .search import searched
+from .search import searched, send_back
 
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
 # With splits the model is larger and CP-SAT or HiGHS rarely beat local search within seconds (on 80 × 8
@@ -80,7 +82,7 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
 class LinearModel:
     """Variables (bounds, integrality, hint), choice rows (Σ terms = rhs, integer coefficients), cost rows
     (Σ cost · var ≤ makespan, in cost units), memory rows (Σ bytes · var ≤ capacity, one per device and memory
-    tier that may bind); minimise makespan."""
+    tier that may bind), and in a replan link rows and the moved-bytes row; minimise makespan."""
 
     lower: list[float] = field(default_factory=list)
     upper: list[float] = field(default_factory=list)
@@ -89,6 +91,8 @@ class LinearModel:
     choices: list[tuple[list[int], list[int], int]] = field(default_factory=list)
     costs: list[tuple[list[int], list[float]]] = field(default_factory=list)
     memory: list[tuple[list[int], list[int], int]] = field(default_factory=list)
+    links: list[tuple[list[int], list[int], int]] = field(default_factory=list)  # Σ coefficient · var ≤ rhs
+    moves: tuple[list[int], list[int], int] | None = None  # Σ bytes · var ≤ the bytes the budget leaves
     makespan_hint: float = 0.0
     decode: dict = field(default_factory=dict)  # variable -> (kind, option, device or node)
 
@@ -103,9 +107,12 @@ class LinearModel:
 
 
 def device_classes(candidates: Candidates) -> list[list[int]]:
-    """Devices of one node that every live pinned and node option treats alike (same cost and memory)."""
+    """Devices of one node that every live pinned and node option treats alike (same cost and memory); in a
+    replan, where the previous plan held anything, each device alone (it tells them apart)."""
     instance = candidates.instance
     k, per_node = candidates.num_devices, instance.topology.devices_per_node
+    if candidates.moves is not None and candidates.moves.keys.size:
+        return [[d] for d in range(k)]
     columns = [np.arange(k) // per_node]
     for o in np.flatnonzero(candidates.live):
         placement = candidates.placement(int(o))
@@ -170,6 +177,9 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     cost_terms: list[tuple[list[int], list[float]]] = [([], []) for _ in range(k)]
     memory_terms: list[tuple[list[int], list[np.ndarray]]] = [([], []) for _ in range(k)]
     loads = np.zeros(k)
+    moves = candidates.moves
+    budgeted = moves is not None and moves.previous.budget is not None
+    moved = _MovedRow()
     # Symmetry breaking: how many pieces the tables before position q can put on free devices at most.
     used_before = 0
     for table in order:
@@ -191,6 +201,13 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 allowed = [d for members in classes for d in members[:reach]]
                 counts = (np.bincount(hint_device[candidates.members(o)], minlength=k) if picked and hint_device is not None
                           else np.zeros(k, dtype=np.int64))
+                rows = moves.rows(candidates.members(o)) if budgeted else None
+                if rows is not None and _free_moves(rows) == "each piece":
+                    _piece_variables(model, candidates, o, y_vars.get(o), rows, cost, memory, cost_terms,
+                                     memory_terms, hint_device if picked else None, moved)
+                    loads += np.bincount(hint_device[candidates.members(o)], minlength=k) * cost if \
+                        picked and hint_device is not None else 0.0
+                    continue
                 n_vars = []
                 for d in sorted(allowed):
                     v = model.var(f"n{o}_{d}", parts, float(counts[d]), ("n", o, d))
@@ -200,6 +217,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                     memory_terms[d][0].append(v)
                     memory_terms[d][1].append(memory)
                     loads[d] += cost * counts[d]
+                if rows is not None:
+                    _count_moves(model, o, y_vars.get(o), rows, dict(zip(sorted(allowed), n_vars)), counts, moved)
                 # Σ_d n[o, d] = parts · y[o]  (or = parts for a table's only option)
                 if o in y_vars:
                     model.choices.append((n_vars + [y_vars[o]], [1] * len(n_vars) + [-parts], 0))
@@ -214,6 +233,8 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 if y is None:  # the table's only option: a variable held at 1 carries its constant load
                     y = model.var(f"fixed{o}", 1, 1.0)
                     model.choices.append(([y], [1], 1))
+                if budgeted:
+                    moved.add(y, int(moves.moved(candidates.members(o), candidates.devices(o)).sum()))
                 for d in range(k):
                     cost_terms[d][0].append(y)
                     cost_terms[d][1].append(float(profile[d]))
@@ -222,13 +243,16 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
             elif placement == "node_free":
                 _node_free_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
             else:  # a node option is a grid of one block
-                _grid_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
+                _grid_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads,
+                            moved if budgeted else None)
         used_before += most_parts
     model.costs = cost_terms
     capacity = instance.topology.capacity.as_array()
     model.memory = [(terms, [int(n[tier]) for n in needs], int(capacity[tier]))
                     for tier in candidates.binding_tiers for terms, needs in memory_terms]
     model.makespan_hint = float(loads.max()) if start.assembly is not None else 0.0
+    if budgeted:
+        model.moves = (moved.terms, moved.bytes, int(moves.previous.budget) - moved.constant)
     return model
 
 
@@ -269,9 +293,11 @@ def _node_free_terms(model: LinearModel, candidates: Candidates, o: int, picked:
 
 
 def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool, start: ExactStart,
-                y: int | None, cost_terms: list, memory_terms: list, loads: np.ndarray) -> None:
+                y: int | None, cost_terms: list, memory_terms: list, loads: np.ndarray,
+                moved: "_MovedRow | None" = None) -> None:
     """A grid of c alike blocks (a node option: one): g[o, node] ∈ 0..c of them on each node (Σ g = c·y), each
-    putting its piece of local rank i on the node's device i."""
+    putting its piece of local rank i on the node's device i. In a replan (a node option: a replan plans no
+    grid) a node the option must stay on bounds the others to 0, and `moved` gets what each node moves."""
     k, per_node = candidates.num_devices, candidates.instance.topology.devices_per_node
     members = candidates.members(o)
     blocks = int(candidates.options.block[members].max()) + 1
@@ -279,10 +305,14 @@ def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool
     hint = np.zeros(k // per_node, dtype=np.int64)
     if picked and start.assembly is not None:
         np.add.at(hint, start.assembly.device[members[::per_node]] // per_node, 1)
+    moves = candidates.moves
+    fixed = -1 if moves is None else int(moves.fixed_node[o])
     g_vars = []
     for node in range(k // per_node):
-        v = model.var(f"g{o}_{node}", blocks, float(hint[node]), ("g", o, node))
+        v = model.var(f"g{o}_{node}", blocks if fixed in (-1, node) else 0, float(hint[node]), ("g", o, node))
         g_vars.append(v)
+        if moved is not None:
+            moved.add(v, int(moves.moved(members, candidates.devices(o, node=node)).sum()))
         for i in range(per_node):
             d = node * per_node + i
             cost_terms[d][0].append(v)
@@ -293,6 +323,75 @@ def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool
     _choice_row(model, g_vars, blocks, y)
 
 
+@dataclass
+class _MovedRow:
+    """The moved-bytes row as it is built: Σ bytes · var, plus what the tables' only options move anyway."""
+
+    terms: list[int] = field(default_factory=list)
+    bytes: list[int] = field(default_factory=list)
+    constant: int = 0
+
+    def add(self, var: int | None, moved: int) -> None:
+        if moved == 0:
+            return
+        if var is None:
+            self.constant += moved
+        else:
+            self.terms.append(var)
+            self.bytes.append(moved)
+
+
+def _free_moves(rows: np.ndarray) -> str:
+    """How a free option's pieces move (rows: pieces × devices, bytes each moves there): "alike" where every
+    piece moves the same onto each device; "one device each" where each piece moves all its bytes but onto
+    at most one device, which held it (column blocks of the same cut); else "each piece"."""
+    if (rows == rows[0]).all():
+        return "alike"
+    full = rows.max()
+    if ((rows == 0) | (rows == full)).all() and ((rows == 0).sum(axis=1) <= 1).all():
+        return "one device each"
+    return "each piece"
+
+
+def _count_moves(model: LinearModel, o: int, y: int | None, rows: np.ndarray, n_vars: dict[int, int],
+                 counts: np.ndarray, moved: _MovedRow) -> None:
+    """The bytes a free option modelled by piece counts n[o, d] moves: Σ_d m[d]·n where its pieces move
+    alike; else (each piece kept only on the one device it was on) all its bytes less what k[o, d] ≤
+    min(n[o, d], the pieces that were on d) keep in place."""
+    if _free_moves(rows) == "alike":
+        for d, v in n_vars.items():
+            moved.add(v, int(rows[0, d]))
+        return
+    full, parts = int(rows.max()), rows.shape[0]
+    moved.add(y, full * parts)
+    for d, v in n_vars.items():
+        was_here = int((rows[:, d] == 0).sum())
+        if was_here:
+            keep = model.var(f"k{o}_{d}", min(was_here, parts), float(min(was_here, counts[d])))
+            model.links.append(([keep, v], [1, -1], 0))
+            moved.add(keep, -full)
+
+
+def _piece_variables(model: LinearModel, candidates: Candidates, o: int, y: int | None, rows: np.ndarray,
+                     cost: float, memory: np.ndarray, cost_terms: list, memory_terms: list,
+                     hint_device: np.ndarray | None, moved: _MovedRow) -> None:
+    """A free option whose pieces move differently onto each device (a cut across the old one): a device
+    variable x[p, d] per piece, Σ_d x[p, d] = y (or 1), each moving its own bytes."""
+    for i, piece in enumerate(candidates.members(o)):
+        x_vars = []
+        for d in range(candidates.num_devices):
+            hint = float(hint_device is not None and hint_device[piece] == d)
+            v = model.var(f"x{o}_{i}_{d}", 1, hint, ("x", o, (int(piece), d)))
+            x_vars.append(v)
+            cost_terms[d][0].append(v)
+            cost_terms[d][1].append(cost)
+            memory_terms[d][0].append(v)
+            memory_terms[d][1].append(memory)
+            moved.add(v, int(rows[i, d]))
+        if y is None:
+            model.choices.append((x_vars, [1] * len(x_vars), 1))
+        else:
+            model.choices.append((x_vars + [y], [1] * len(x_vars) + [-1], 0))
 def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> tuple[list[int], np.ndarray]:
     """The chosen option per table and a device per piece from a solution's variable values."""
     picked_y = {o for v, (kind, o, _) in model.decode.items() if kind == "y" and values[v] > 0.5}
@@ -305,22 +404,40 @@ def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> t
     for v, (kind, o, where) in model.decode.items():
         if o not in chosen:
             continue
-        if kind in ("n", "g"):
+        if kind == "x":
+            if values[v] > 0.5:
+                device[where[0]] = where[1]
+        elif kind in ("n", "g"):
             n = int(round(values[v]))
             if n > 0:
                 counts.setdefault(o, []).append((where, n))
     for o in chosen:
         placement = candidates.placement(o)
         spread = [where for where, n in sorted(counts.get(o, [])) for _ in range(n)]
+        members = candidates.members(o)
         if placement == "pinned":
-            device[candidates.members(o)] = candidates.devices(o)
+            device[members] = candidates.devices(o)
         elif placement in ("free", "node_free"):  # n[o, d] pieces on device d (a node_free one's all on its node)
-            device[candidates.members(o)] = spread
+            if device[members[0]] < 0:  # else placed piece by piece (x[p, d])
+                slots = np.array(spread, dtype=np.int64)
+                device[members] = slots if candidates.moves is None else least_moving(candidates, members, slots)
         elif placement in ("grid", "node"):  # g[o, node] blocks on each node, in block order
             if not spread:
                 raise ValueError(f"option {o}: no node chosen")
-            device[candidates.members(o)] = candidates.devices(o, node=spread if placement == "grid" else spread[0])
+            device[members] = candidates.devices(o, node=spread if placement == "grid" else spread[0])
     return chosen, device
+
+
+def least_moving(candidates: Candidates, members: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """The free pieces `members` on the devices `slots` (one each, any order), each piece where the pieces
+    together move the fewest bytes from the previous plan."""
+    from scipy.optimize import linear_sum_assignment
+
+    moved = candidates.moves.rows(members)[:, slots]
+    pieces, slot = linear_sum_assignment(moved)
+    devices = np.empty(members.size, dtype=np.int64)
+    devices[pieces] = slots[slot]
+    return devices
 
 
 # ---------------------------------------------------------------- finishing
@@ -333,9 +450,12 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
     candidates, oracle = problem.candidates, problem.oracle
     plans = []
     if found is not None:
-        plans.append(candidates.plan(*found))
+        plans.append(moving_least(candidates, *found))
     if start.assembly is not None:
-        plans.append(start.assembly.plan())
+        plans.append(moving_least(candidates, *start.assembly.snapshot()))
+    if problem.previous is not None and problem.previous.budget is not None:
+        # A backend's tolerances may let a plan overstep the budget by a hair: it is not one of the plans.
+        plans = [p for p in plans if plan_moved_bytes(problem.instance, problem.previous, p) <= problem.previous.budget]
     if not plans:
         if failure is None or failure.cause == Cause.TIME_LIMIT:
             return SolveResult(Status.NO_PLAN, lower_bound=bound, reason="no plan found within the time limit",
@@ -356,6 +476,17 @@ def finish(problem: Problem, found: tuple[list[int], np.ndarray] | None, bound: 
         stats["optimal_over"] = "enumerated options"
         stats["options"] = int(candidates.live.sum())
     return SolveResult(status, plan=best, lower_bound=bound, stats=stats)
+
+
+def moving_least(candidates: Candidates, chosen, device: np.ndarray):
+    """The plan of these options and devices; in a replan, with every piece that moved for nothing sent
+    back where it moves less (the cost stays: the model minimises cost alone, not bytes)."""
+    if candidates.moves is None:
+        return candidates.plan(list(chosen), device)
+    assembly = Assembly(candidates)
+    assembly.load(np.asarray(chosen), np.asarray(device))
+    send_back(assembly)
+    return assembly.plan()
 
 
 def prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:

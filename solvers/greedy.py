@@ -8,7 +8,7 @@ from costmodels import HEURISTIC_COSTS, DeviceState, heuristic_costs
 from costmodels.base import AdditiveDeviceState
 from instances import Instance
 
-from .assembly import Stuck
+from .assembly import Assembly
 from .base import (
     Budget,
     MemoryTracker,
@@ -77,7 +77,7 @@ def best_greedy(problem: Problem) -> SolveResult:
 
     candidates = problem.whole_tables.candidates
     result = split_greedy(candidates, changes=False)
-    if isinstance(result, Stuck):
+    if not isinstance(result, Assembly):
         return stuck_result(candidates, result)
     return SolveResult(Status.FEASIBLE, plan=result.plan())
 

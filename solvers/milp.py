@@ -10,6 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
+from instances.moves import plan_moved_bytes
+
 from .base import TIME_LIMIT_SLACK, Budget, Cause, NoPlan, SolveResult, infeasible, register
 from .candidates import Problem
 from .exact_model import LinearModel, build_model, decode, finish, model_size, prelude, too_large
@@ -55,9 +57,10 @@ class MilpRun:
 
 
 def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_limit: float, seed: int,
-              memory_room: float, use_start: bool, gap: float) -> MilpRun:
-    """Solves the model with costs in units of `unit` and every device's memory (in units of its
-    capacity) held to `memory_room`, stopping at a relative `gap` to its bound (0: proven optimal)."""
+              memory_room: float, use_start: bool, gap: float, move_room: float = 1.0) -> MilpRun:
+    """Solves the model with costs in units of `unit`, every device's memory (in units of its capacity) held
+    to `memory_room` and the bytes moved to `move_room` of what the budget leaves, stopping at a relative
+    `gap` to its bound (0: proven optimal)."""
     import pulp
 
     problem = pulp.LpProblem("plan", pulp.LpMinimize)
@@ -74,6 +77,13 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
         problem += pulp.lpSum(c / unit * variables[v] for v, c in zip(terms, costs)) <= makespan
     for terms, needs, capacity in model.memory:
         problem += pulp.lpSum(n / capacity * variables[v] for v, n in zip(terms, needs)) <= memory_room
+    for terms, coefficients, rhs in model.links:
+        problem += pulp.lpSum(c * variables[v] for v, c in zip(terms, coefficients)) <= rhs
+    if model.moves is not None:
+        # In units of the bytes the budget leaves (at least one), held to `move_room` of them.
+        terms, moved, rhs = model.moves
+        scale = max(abs(rhs), 1)
+        problem += pulp.lpSum(b / scale * variables[v] for v, b in zip(terms, moved)) <= rhs / scale - (1 - move_room)
     if use_start:
         for var, value in zip(variables, model.hint):
             var.setInitialValue(value)
@@ -132,6 +142,13 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
         """Bytes over capacity per device and tier (negative: room left)."""
         return candidates.plan(*found).storage_per_device(candidates.instance) - capacity
 
+    def over_budget(found: tuple[list[int], np.ndarray]) -> int:
+        """Bytes the plan moves beyond the move budget (≤ 0: within it, or no budget)."""
+        previous = problem.previous
+        if previous is None or previous.budget is None:
+            return 0
+        return plan_moved_bytes(candidates.instance, previous, candidates.plan(*found)) - previous.budget
+
     def remaining() -> float:
         return max(0.1, budget.remaining())
 
@@ -144,18 +161,24 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     found, failure = None, None
     if run.values is not None:
         found = decode(candidates, model, run.values)
-        over = overflow(found)
-        if over.max() > 0:
-            # The backend's feasibility tolerance let a device exceed its memory by a hair: solve again with
-            # that much less room. The first run's bound stays valid (it relaxed memory, never tightened it).
-            stats["first_plan_overflow_bytes"] = int(over.max())
-            failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
+        over, moved_over = overflow(found), over_budget(found)
+        if over.max() > 0 or moved_over > 0:
+            # The backend's feasibility tolerance let a device exceed its memory (or the plan its move budget)
+            # by a hair: solve again with that much less room. The first run's bound stays valid (it relaxed
+            # memory and the budget, never tightened them).
+            if over.max() > 0:
+                stats["first_plan_overflow_bytes"] = int(over.max())
+                failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
+            if moved_over > 0:
+                stats["first_plan_over_move_budget_bytes"] = moved_over
             retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
                               1.0 - 2.0 * max(float((over / np.maximum(capacity, 1)).max()), MILP_FEASIBILITY_TOLERANCE),
-                              use_start, budget.backend_gap)
+                              use_start, budget.backend_gap,
+                              1.0 - 2.0 * max(moved_over / max(model.moves[2], 1) if model.moves else 0.0,
+                                              MILP_FEASIBILITY_TOLERANCE))
             stats["retry_status"] = retry.stats["solution_status"]
             found = decode(candidates, model, retry.values) if retry.values is not None else None
-            if found is not None and overflow(found).max() > 0:
+            if found is not None and (overflow(found).max() > 0 or over_budget(found) > 0):
                 found = None
     raw_bound = run.raw_bound
     usable = raw_bound is not None and np.isfinite(raw_bound)
@@ -169,12 +192,13 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
 
 
 @register("milp-cbc", "MILP via PuLP with CBC: option per table and devices together, MIP start from the heuristic",
-          exact=True, needs_additive=True, splits=True)
+          exact=True, needs_additive=True, splits=True, replans=True)
 def milp_cbc(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     return milp(problem, budget, seed, "cbc")
 
 
 @register("milp-highs", "MILP via PuLP with HiGHS (highspy): option per table and devices together, MIP start from "
-          "the heuristic", exact=True, needs_additive=True, splits=True)
+          "the heuristic", exact=True, needs_additive=True, splits=True,
+          replans=True)
 def milp_highs(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     return milp(problem, budget, seed, "highs")

@@ -1,10 +1,11 @@
 """Search on any oracle through the incremental device state. Iterated local search over pieces:
 best-improvement moves and swaps of free pieces off the most loaded device, and — where tables may be
 split — changes of a table's sharding option (its pieces refitted), with random kicks between descents;
-the split-aware greedy (construction plus descent on option changes); and AutoShard's random search (best
-of N random feasible plans)."""
+the split-aware greedy (construction plus descent on option changes), which in a replan starts from the
+previous plan; and AutoShard's random search (best of N random feasible plans)."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ import numpy as np
 from instances.kernels import DENSE, FUSED, FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR
 from instances.memory import format_sizes, tier_label
 
-from .assembly import Assembly, Stuck, construct
+from .assembly import Assembly, Stuck, Trial, construct
 from .base import (
     Budget,
     Cause,
@@ -61,6 +62,8 @@ class _Search:
             piece = int(piece)
             after_top = state.cost_if_exchanged(top, piece, None)
             targets = np.flatnonzero((free >= need[piece]).all(axis=1) & (np.arange(costs.size) != top))
+            if a.moves is not None:
+                targets = targets[self.move_cost(piece, top, targets) <= a.allowance()]
             if targets.size:
                 pair = np.maximum(after_top, state.costs_if_added(piece, targets))
                 i = int(np.argmin(pair))
@@ -70,6 +73,10 @@ class _Search:
                 fits = ((free[top] + need[piece] - need[elsewhere] >= 0).all(axis=1)
                         & (free[other_devices] + need[elsewhere] - need[piece] >= 0).all(axis=1))
                 candidates, devices = elsewhere[fits], other_devices[fits]
+                if a.moves is not None:
+                    affordable = self.move_cost(piece, top, devices) + self.move_cost(candidates, devices, top) \
+                        <= a.allowance()
+                    candidates, devices = candidates[affordable], devices[affordable]
                 if candidates.size:
                     here, there = state.costs_if_swapped(piece, top, candidates, devices)
                     pair = np.maximum(here, there)
@@ -82,6 +89,36 @@ class _Search:
                 if trial is not None and value < best_value:
                     best_value, best = value, ("option", table, trial)
         return best
+
+    def move_cost(self, pieces, source, targets) -> np.ndarray:
+        """What moving pieces from `source` to `targets` adds to the bytes moved from the previous plan
+        (arrays or scalars, broadcast together)."""
+        arrays = (np.asarray(x, dtype=np.int64) for x in (pieces, source, targets))
+        pieces, source, targets = np.broadcast_arrays(*arrays)
+        moves = self.a.moves
+        return moves.moved(pieces.ravel(), targets.ravel()) - moves.moved(pieces.ravel(), source.ravel())
+
+    def reclaim(self) -> int:
+        """Pieces that moved from the previous plan go back where they move less, wherever that does not
+        raise the most loaded device's cost: bytes the move budget then spends elsewhere. Returns how many
+        went back."""
+        a = self.a
+        if a.moves is None:
+            return 0
+        went = 0
+        ceiling = float(a.costs().max())
+        for piece in self.free_pieces():
+            piece, here = int(piece), int(a.device[piece])
+            saved = -self.move_cost(piece, here, np.arange(a.k))
+            targets = np.flatnonzero((saved > 0) & (a.free >= a.memory[piece]).all(axis=1))
+            if not targets.size:
+                continue
+            after = a.state.costs_if_added(piece, targets)
+            targets, after = targets[after <= ceiling], after[after <= ceiling]
+            if targets.size:
+                a.move(piece, int(targets[np.argmax(saved[targets])]))
+                went += 1
+        return went
 
     def heaviest_tables_on(self, device: int) -> list[int]:
         """The tables whose pieces cost the most on `device` (by the pieces' cost alone), at most OPTION_CHANGES."""
@@ -101,7 +138,7 @@ class _Search:
             if option == old:
                 continue
             trial = a.fit(int(option))
-            if isinstance(trial, Stuck):
+            if not isinstance(trial, Trial):
                 continue
             touched = np.union1d(devices, trial.devices)
             value = float(trial.costs[touched].max())
@@ -142,6 +179,8 @@ class _Search:
             piece = int(movable[i])
             room = np.flatnonzero((a.free >= a.memory[piece]).all(axis=1))
             room = room[room != a.device[piece]]
+            if a.moves is not None:
+                room = room[self.move_cost(piece, a.device[piece], room) <= a.allowance()]
             if room.size:
                 a.move(piece, int(rng.choice(room)))
         if not self.changes:
@@ -152,7 +191,7 @@ class _Search:
                 continue
             old, devices = a.take(int(table))
             trial = a.fit(int(rng.choice(options)))
-            if isinstance(trial, Stuck):
+            if not isinstance(trial, Trial):
                 a.put(old, devices)
             else:
                 a.put(trial.option, trial.devices)
@@ -162,11 +201,14 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
             target: float = -np.inf) -> dict:
     """Iterated local search on `assembly` until the deadline, `max_rounds` kicks (which makes the result
     a function of the seed alone) or a plan at `target` (a lower bound). Leaves the best plan found in
-    the assembly — never worse than the start — and returns statistics."""
+    the assembly — never worse than the start — and returns statistics. In a replan, every descent ends
+    with the pieces that moved for nothing going back (`_Search.reclaim`), so that kicks do not spend the
+    move budget."""
     rng = np.random.default_rng(seed)
     search = _Search(assembly, changes)
     start_value = assembly.objective()
     steps = search.descend(deadline)
+    search.reclaim()
     best, best_value = assembly.snapshot(), assembly.objective()
     kick_size = max(2, assembly.chosen.size // 50)
     rounds = 0
@@ -176,6 +218,7 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
         rounds += 1
         search.kick(rng, int(rng.integers(1, kick_size + 1)))
         steps += search.descend(deadline)
+        search.reclaim()
         value = assembly.objective()
         if value <= best_value:
             if value < best_value * (1 - RELATIVE_STEP):
@@ -186,6 +229,17 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
     if not np.array_equal(assembly.snapshot()[1], best[1]):
         assembly.load(*best)
     return {"start_objective": start_value, "steps": steps, "kicks": rounds}
+
+
+def descend(assembly: Assembly, changes: bool, deadline: float) -> int:
+    """Best-improvement steps (moves, swaps and — with `changes` — option changes off the busiest device)
+    until none lowers it or the deadline; the steps taken."""
+    return _Search(assembly, changes).descend(deadline)
+
+
+def send_back(assembly: Assembly) -> int:
+    """In a replan, the pieces that moved for nothing sent back where they move less (`_Search.reclaim`)."""
+    return _Search(assembly, changes=False).reclaim()
 
 
 def target_bound(candidates: Candidates) -> float:
@@ -207,7 +261,8 @@ def _orders(candidates: Candidates, chosen: np.ndarray, weight: np.ndarray) -> l
 LEVEL_STEPS = 8  # bisection steps on the level below which pieces must stay
 
 
-def split_greedy(candidates: Candidates, changes: bool = True, deadline: float | None = None) -> Assembly | Stuck:
+def split_greedy(candidates: Candidates, changes: bool = True,
+                 deadline: float | None = None) -> Assembly | Stuck | None:
     """The split-aware greedy. For a level L, every table takes its lightest option whose largest piece
     stays below L (whole tables where they are small enough, splits only where they must) within a share
     of the spare memory (`choose_options`), and the chosen options are placed LPT-style under the three
@@ -216,7 +271,10 @@ def split_greedy(candidates: Candidates, changes: bool = True, deadline: float |
     plan. That runs for each of MEMORY_SHARES while `deadline` allows, and the best plan then descends on
     option changes of the tables on the busiest device while that lowers it. Past `deadline` each stage
     returns what it has (the first plan is always built). With one option per table it is
-    `best-greedy`."""
+    `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
+    None where the move budget leaves a table no place."""
+    if candidates.moves is not None:
+        return replanned(candidates, changes, deadline)
     for table, ids in enumerate(candidates.by_table):
         if ids.size == 0:  # no option fits a device at all (run_solver reports that as infeasible first)
             o = next(o for o, option in enumerate(candidates.options.options) if option.table == table)
@@ -330,7 +388,78 @@ def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> No
         search.apply(step)
 
 
-def stuck_result(candidates: Candidates, stuck: Stuck) -> SolveResult:
+# ---------------------------------------------------------------- replanning: from the previous plan
+
+
+def from_previous(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | Stuck | None:
+    """The previous plan kept, and what it lacks added: each old table in its old option on its old devices
+    unless that option is gone or no longer fits the memory left (then it is placed anew, as the new
+    tables are, largest first where it costs least, moving what it must); then descent within the move
+    budget. A Stuck where a table fits nowhere, None where the move budget cannot place one."""
+    moves = candidates.moves
+    assembly = Assembly(candidates)
+    for table, option in enumerate(moves.old_option):
+        if option < 0 or not candidates.live[option]:
+            continue
+        members = candidates.members(int(option))
+        devices = moves.old_device[members]
+        need = np.zeros_like(assembly.free)
+        np.add.at(need, devices, assembly.memory[members])
+        if (need <= assembly.free).all():
+            assembly.put(int(option), devices)
+    weight = option_weight(candidates)
+    chosen = choose_options(candidates, np.inf, weight)
+    biggest = candidates.biggest if candidates.priced.additive else np.maximum.reduceat(
+        candidates.single_costs, candidates.options.first)
+    unplaced = sorted(np.flatnonzero(assembly.chosen < 0).tolist(), key=lambda t: (-biggest[chosen[t]], t))
+    for table in unplaced:
+        first = int(chosen[table])
+        others = sorted((int(o) for o in candidates.by_table[table] if o != first), key=lambda o: weight[o])
+        stuck = None
+        for option in [first, *others]:
+            result = assembly.fit(option)
+            if isinstance(result, Trial):
+                assembly.put(option, result.devices)
+                break
+            stuck = stuck or result
+        else:
+            return stuck
+    descend(assembly, changes, np.inf if deadline is None else deadline)
+    return assembly
+
+
+def fresh_within_budget(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | None:
+    """The split-aware greedy's plan made afresh (the previous plan ignored), where the bytes it moves fit
+    the move budget; else None."""
+    fresh = copy.copy(candidates)
+    fresh.moves = None
+    found = split_greedy(fresh, changes, deadline)
+    if not isinstance(found, Assembly):
+        return None
+    placed = found.placed()
+    if candidates.moves.moved(placed, found.device[placed]).sum() > candidates.moves.budget:
+        return None
+    assembly = Assembly(candidates)
+    assembly.load(*found.snapshot())
+    return assembly
+
+
+def replanned(candidates: Candidates, changes: bool, deadline: float | None) -> Assembly | Stuck | None:
+    """The better of the previous plan kept and improved (`from_previous`) and the fresh greedy's plan
+    where the budget affords it."""
+    kept = from_previous(candidates, changes, deadline)
+    fresh = fresh_within_budget(candidates, changes, deadline)
+    if fresh is not None and (not isinstance(kept, Assembly) or fresh.objective() < kept.objective()):
+        return fresh
+    return kept
+
+
+def stuck_result(candidates: Candidates, stuck: Stuck | None) -> SolveResult:
+    """The no-plan of a dead end: the table that fits on no device, or (None) no room within the move budget."""
+    if stuck is None:
+        return SolveResult(Status.NO_PLAN, reason=(
+            "no placement of every table within the move budget was found (a heuristic dead end, not a proof)"),
+            no_plan=NoPlan(Cause.MOVE_BUDGET))
     table = int(candidates.options.pieces.table[stuck.piece])
     name = candidates.instance.tables[table].name
     need_text, free_text = format_sizes(stuck.need, stuck.most_free)
@@ -347,7 +476,7 @@ def searched(problem: Problem, budget: Budget, seed: int, deadline: float,
     gap of `bound` (default: the candidates' combinatorial bounds): the assembly, or the dead end."""
     candidates = problem.candidates
     start = split_greedy(candidates, problem.chooses_options, deadline)
-    if isinstance(start, Stuck):
+    if not isinstance(start, Assembly):
         return None, stuck_result(candidates, start), {}
     bound = target_bound(candidates) if bound is None else bound
     stats = improve(start, deadline, seed, budget.max_rounds, problem.chooses_options, bound * (1 + budget.gap))
@@ -356,16 +485,18 @@ def searched(problem: Problem, budget: Budget, seed: int, deadline: float,
 
 @register("split-greedy", "split-aware greedy: each table takes its lightest option whose pieces stay below a level "
           "(bisected down from the plan that splits nothing it need not), pieces placed LPT where they cost least; "
-          "then tables on the busiest device change option while that lowers it; any oracle", splits=True)
+          "then tables on the busiest device change option while that lowers it; any oracle", splits=True,
+          replans=True)
 def split_greedy_solver(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     result = split_greedy(problem.candidates, problem.chooses_options, budget.deadline())
-    if isinstance(result, Stuck):
+    if not isinstance(result, Assembly):
         return stuck_result(problem.candidates, result)
     return SolveResult(Status.FEASIBLE, plan=result.plan())
 
 
 @register("local-search", "iterated local search (moves, swaps, option changes, random kicks) from the split-aware "
-          "greedy; any oracle", stochastic=True, splits=True)
+          "greedy; any oracle", stochastic=True, splits=True,
+          replans=True)
 def local_search(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     assembly, failure, stats = searched(problem, budget, seed, budget.deadline())
     if failure is not None:

@@ -5,7 +5,12 @@ made; then each rank also plans it with `collective_plan` and reports that plan.
 rank runs README's quickstart as written — `ShardbenchPlanner(...).plan(model, sharders)`, then DMP — with
 a portfolio that differs per rank, so that only planning once and broadcasting gives both the same plan.
 With `--zoo MODELS` (comma-separated, in INSTANCE's place) each rank does the same with each zoo model, tiny on cpu.
-Usage: gloo_worker.py [--dlrm | --quickstart | --zoo] INSTANCE PLAN.pt PORT OUT (each rank writes OUT.<rank>)."""
+With `--reshard` the small DLRM trains a step under an old plan (INSTANCE is its .pt), is resharded by
+DistributedModelParallel.reshard with a replan's delta (PLAN is the .reshard.pt) and trains on; each rank
+reports every table's weights and optimizer state before and after.
+Usage: gloo_worker.py [--dlrm | --quickstart | --zoo | --reshard] INSTANCE PLAN.pt PORT OUT (each rank writes
+OUT.<rank>)."""
+import datetime
 import json
 import math
 import os
@@ -148,6 +153,76 @@ def _run_zoo(rank: int, names: str) -> dict:
     return {"ok": True, "models": models}
 
 
+RESHARD_LEARNING_RATE = 0.1
+
+
+def reshard_sharder():
+    """The EBC sharder of the reshard run: fused row-wise Adagrad, so that each shard has optimizer state."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    return EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                                                       "learning_rate": RESHARD_LEARNING_RATE})
+
+
+def _tables_everywhere(model) -> dict:
+    """Every table's shards, gathered from every rank: by table (and `TABLE#state` for its row-wise optimizer
+    state), each shard as [its offsets, its values], sorted."""
+    import torch.distributed as dist
+
+    local = []
+    for key, value in model.state_dict().items():
+        if ".embedding_bags." in key and hasattr(value, "local_shards"):
+            name = key.split(".embedding_bags.")[1].split(".")[0]
+            local += [(name, list(s.metadata.shard_offsets), s.tensor.tolist()) for s in value.local_shards()]
+    for key, state in model.fused_optimizer.state_dict()["state"].items():
+        name = key.split(".embedding_bags.")[1].split(".")[0]
+        for sharded in state.values():
+            if hasattr(sharded, "local_shards"):
+                local += [(f"{name}#state", list(s.metadata.shard_offsets), s.tensor.tolist())
+                          for s in sharded.local_shards()]
+    everywhere: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everywhere, local)
+    tables: dict = {}
+    for name, offsets, rows in (entry for part in everywhere for entry in part):
+        tables.setdefault(name, []).append([offsets, rows])
+    return {name: sorted(shards) for name, shards in tables.items()}
+
+
+def _run_reshard(rank: int, old_path: str, delta_path: str) -> dict:
+    import torch
+    import torch.distributed as dist
+    from torchrec import KeyedJaggedTensor
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    import shardbench
+
+    model = DistributedModelParallel(small_dlrm(), device=torch.device("cpu"), plan=shardbench.load_plan(old_path),
+                                     env=ShardingEnv.from_process_group(dist.group.WORLD), sharders=[reshard_sharder()])
+    keys, batch = [f"f{i}" for i in range(len(DLRM_ROWS))], 4
+    generator = torch.Generator().manual_seed(rank)
+
+    def step() -> float:
+        values = torch.randint(0, min(DLRM_ROWS), (len(keys) * batch,), generator=generator)
+        logits = model(torch.rand(batch, DLRM_DENSE, generator=generator), KeyedJaggedTensor.from_lengths_sync(
+            keys=keys, values=values, lengths=torch.ones(len(keys) * batch, dtype=torch.int64)))
+        loss = logits.sum()
+        loss.backward()
+        return float(loss)
+
+    first = step()
+    before = _tables_everywhere(model)
+    delta = shardbench.load_plan(delta_path)
+    volume = model.reshard(delta, sharded_module_fqn=next(iter(delta)))
+    after = _tables_everywhere(model)
+    ranks = {name: list(sharding.ranks) for path, module_plan in model.plan.plan.items()
+             for name, sharding in module_plan.items()}
+    losses = [first] + [step() for _ in range(2)]
+    return {"ok": True, "volume": volume, "ranks": ranks, "before": before, "after": after,
+            "losses_finite": all(math.isfinite(x) for x in losses)}
+
+
 def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
     import torch
     import torch.distributed as dist
@@ -174,11 +249,10 @@ def _run_instance(rank: int, instance_path: str, plan_path: str) -> dict:
 
 def worker(rank: int, world: int, mode: str, instance_path: str, plan_path: str, port: str, out: str) -> None:
     warnings.filterwarnings("ignore")
-    import torch
     import torch.distributed as dist
 
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", port
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     result = {"ok": False}
     try:
         if mode == "--dlrm":
@@ -187,6 +261,8 @@ def worker(rank: int, world: int, mode: str, instance_path: str, plan_path: str,
             result = _run_quickstart(rank)
         elif mode == "--zoo":
             result = _run_zoo(rank, instance_path)
+        elif mode == "--reshard":
+            result = _run_reshard(rank, instance_path, plan_path)
         else:
             result = _run_instance(rank, instance_path, plan_path)
     except Exception as exc:  # noqa: BLE001 - reported to the test, which fails on it
@@ -194,7 +270,12 @@ def worker(rank: int, world: int, mode: str, instance_path: str, plan_path: str,
     finally:
         with open(f"{out}.{rank}", "w") as handle:
             json.dump(result, handle)
-        dist.destroy_process_group()
+        # Neither rank tears its groups down while the other's gloo threads may still be sending to it: a
+        # rank that did once aborted in C++ ("terminate called without an active exception").
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def run_on_two_gloo_processes(*arguments: str, out: str) -> list[dict]:
@@ -208,7 +289,9 @@ def run_on_two_gloo_processes(*arguments: str, out: str) -> list[dict]:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    # TorchRec's reshard tags each point-to-point message with Python's hash() of the table's name; gloo
+    # matches tags (NCCL ignores them), so every rank must hash alike.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]), "PYTHONHASHSEED": "0"}
     done = subprocess.run([sys.executable, __file__, *arguments, str(port), out], capture_output=True, text=True,
                           timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -77,3 +77,17 @@ def test_no_import_cycles():
         if module not in state:
             visit(module, [module])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_every_name_the_product_exports_is_what_it_names_once_every_module_is_loaded():
+    # Loading a submodule binds its name on the package: a module named like an exported function would
+    # then shadow the function (shardbench.replan was once the module, not the function).
+    import importlib
+    import inspect
+
+    import shardbench
+
+    for module in sorted(Path(shardbench.__file__).parent.glob("*.py")):
+        importlib.import_module(f"shardbench.{module.stem}")
+    for name in shardbench.__all__:
+        assert not inspect.ismodule(getattr(shardbench, name)), name

@@ -8,7 +8,7 @@ from conftest import make_table
 
 from costmodels import get_oracle
 from instances import Instance, Topology, Workload
-from instances.kernels import FUSED_UVM, FUSED_UVM_CACHING, HOST_KERNELS
+from instances.kernels import FUSED_UVM_CACHING, HOST_KERNELS
 from solvers import Budget, Status, run_solver
 
 KIB = 2**10
