@@ -268,8 +268,9 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     of the spare memory (`choose_options`), and the chosen options are placed LPT-style under the three
     orders; L is bisected between the lower bound and the plan that splits nothing it need not. Under an
     additive oracle, best-fit packing at a bisected target (solvers.packing) then tries to beat that
-    plan. That runs for each of MEMORY_SHARES while `deadline` allows, and the best plan then descends on
-    option changes of the tables on the busiest device while that lowers it. Past `deadline` each stage
+    plan. That runs for each of MEMORY_SHARES (after the floors, `_choices`) while `deadline` allows; the
+    best plan over every option and the best floor then each descend on option changes of the tables on
+    the busiest device while that lowers it, and the better is kept. Past `deadline` each stage
     returns what it has (the first plan is always built). With one option per table it is
     `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
     None where the move budget leaves a table no place."""
@@ -283,20 +284,25 @@ def split_greedy(candidates: Candidates, changes: bool = True,
             tier = int(np.argmax(candidates.storage[piece] > capacity))
             return Stuck(piece, int(candidates.storage[piece, tier]), int(capacity[tier]), tier)
     weight = option_weight(candidates)
-    best, stuck = None, None
+    # The best plan built over every option and the best floor each descend: a floor that starts ahead can
+    # end behind once both have descended.
+    best: dict[bool, Assembly] = {}
+    stuck = None
     for choice in _choices(candidates, changes, weight):
         found = _at_share(candidates, changes, deadline, weight, choice)
+        kind = choice.allowed is None
         if isinstance(found, Stuck):
             stuck = stuck or found
-        elif best is None or found.objective() < best.objective():
-            best = found
+        elif kind not in best or found.objective() < best[kind].objective():
+            best[kind] = found
         if _past(deadline):
             break
-    if best is None:
+    if not best:
         return stuck
     if changes:
-        _descend_on_options(best, deadline)
-    return best
+        for assembly in best.values():
+            _descend_on_options(assembly, deadline)
+    return min(best.values(), key=lambda a: a.objective())
 
 
 @dataclass(frozen=True)
