@@ -252,15 +252,22 @@ def construct(candidates: Candidates, order: np.ndarray, chosen: np.ndarray, wei
     assembly = Assembly(candidates)
     pinned = [t for t in order if candidates.placement(int(chosen[t])) == "pinned"]
     for table in pinned + [t for t in order if candidates.placement(int(chosen[t])) != "pinned"]:
-        first = int(chosen[table])
-        others = sorted((int(o) for o in candidates.by_table[table] if o != first), key=lambda o: weight[o])
-        stuck = None
-        for option in [first, *others]:
-            result = assembly.fit(option)
-            if isinstance(result, Trial):
-                assembly.put(option, result.devices)
-                break
-            stuck = stuck or result
-        else:
+        placed, stuck = place_table(assembly, table, int(chosen[table]), weight)
+        if not placed:
             return stuck
     return assembly
+
+
+def place_table(assembly: Assembly, table: int, first: int, weight: np.ndarray) -> tuple[bool, Stuck | None]:
+    """Fits option `first` of `table` where its pieces cost least, or, where it finds no room, the table's
+    other options, lightest first. Whether one was placed, and where none was, the first dead end (None
+    where the move budget stopped every option)."""
+    others = sorted((int(o) for o in assembly.c.by_table[table] if o != first), key=lambda o: weight[o])
+    stuck = None
+    for option in [first, *others]:
+        result = assembly.fit(option)
+        if isinstance(result, Trial):
+            assembly.put(option, result.devices)
+            return True, None
+        stuck = stuck or result
+    return False, stuck

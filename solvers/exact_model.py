@@ -212,18 +212,11 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 for d in sorted(allowed):
                     v = model.var(f"n{o}_{d}", parts, float(counts[d]), ("n", o, d))
                     n_vars.append(v)
-                    cost_terms[d][0].append(v)
-                    cost_terms[d][1].append(cost)
-                    memory_terms[d][0].append(v)
-                    memory_terms[d][1].append(memory)
+                    _charge(cost_terms, memory_terms, d, v, cost, memory)
                     loads[d] += cost * counts[d]
                 if rows is not None:
                     _count_moves(model, o, y_vars.get(o), rows, dict(zip(sorted(allowed), n_vars)), counts, moved)
-                # Σ_d n[o, d] = parts · y[o]  (or = parts for a table's only option)
-                if o in y_vars:
-                    model.choices.append((n_vars + [y_vars[o]], [1] * len(n_vars) + [-parts], 0))
-                else:
-                    model.choices.append((n_vars, [1] * len(n_vars), parts))
+                _choice_row(model, n_vars, parts, y_vars.get(o))
             elif placement == "pinned":
                 profile = candidates.device_profile(o, candidates.priced.costs)
                 needs = candidates.device_profile(o, candidates.storage)
@@ -236,10 +229,7 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 if budgeted:
                     moved.add(y, int(moves.moved(candidates.members(o), candidates.devices(o)).sum()))
                 for d in range(k):
-                    cost_terms[d][0].append(y)
-                    cost_terms[d][1].append(float(profile[d]))
-                    memory_terms[d][0].append(y)
-                    memory_terms[d][1].append(needs[d])
+                    _charge(cost_terms, memory_terms, d, y, float(profile[d]), needs[d])
             elif placement == "node_free":
                 _node_free_terms(model, candidates, o, picked, start, y_vars.get(o), cost_terms, memory_terms, loads)
             else:  # a node option is a grid of one block
@@ -254,6 +244,14 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
     if budgeted:
         model.moves = (moved.terms, moved.bytes, int(moves.previous.budget) - moved.constant)
     return model
+
+
+def _charge(cost_terms: list, memory_terms: list, d: int, var: int, cost: float, memory) -> None:
+    """Each unit of `var` puts `cost` and `memory` (bytes per tier) on device d."""
+    cost_terms[d][0].append(var)
+    cost_terms[d][1].append(cost)
+    memory_terms[d][0].append(var)
+    memory_terms[d][1].append(memory)
 
 
 def _choice_row(model: LinearModel, terms: list[int], parts: int, y: int | None) -> None:
@@ -283,10 +281,7 @@ def _node_free_terms(model: LinearModel, candidates: Candidates, o: int, picked:
             d = node * per_node + i
             v = model.var(f"n{o}_{d}", parts, float(held[i]), ("n", o, d))
             n_vars.append(v)
-            cost_terms[d][0].append(v)
-            cost_terms[d][1].append(cost)
-            memory_terms[d][0].append(v)
-            memory_terms[d][1].append(memory)
+            _charge(cost_terms, memory_terms, d, v, cost, memory)
         model.choices.append((n_vars + [z], [1] * per_node + [-parts], 0))
     loads += cost * hint
     _choice_row(model, z_vars, 1, y)
@@ -315,10 +310,7 @@ def _grid_terms(model: LinearModel, candidates: Candidates, o: int, picked: bool
             moved.add(v, int(moves.moved(members, candidates.devices(o, node=node)).sum()))
         for i in range(per_node):
             d = node * per_node + i
-            cost_terms[d][0].append(v)
-            cost_terms[d][1].append(float(costs[i]))
-            memory_terms[d][0].append(v)
-            memory_terms[d][1].append(needs[i])
+            _charge(cost_terms, memory_terms, d, v, float(costs[i]), needs[i])
             loads[d] += costs[i] * hint[node]
     _choice_row(model, g_vars, blocks, y)
 
@@ -383,15 +375,9 @@ def _piece_variables(model: LinearModel, candidates: Candidates, o: int, y: int 
             hint = float(hint_device is not None and hint_device[piece] == d)
             v = model.var(f"x{o}_{i}_{d}", 1, hint, ("x", o, (int(piece), d)))
             x_vars.append(v)
-            cost_terms[d][0].append(v)
-            cost_terms[d][1].append(cost)
-            memory_terms[d][0].append(v)
-            memory_terms[d][1].append(memory)
+            _charge(cost_terms, memory_terms, d, v, cost, memory)
             moved.add(v, int(rows[i, d]))
-        if y is None:
-            model.choices.append((x_vars, [1] * len(x_vars), 1))
-        else:
-            model.choices.append((x_vars + [y], [1] * len(x_vars) + [-1], 0))
+        _choice_row(model, x_vars, 1, y)
 def decode(candidates: Candidates, model: LinearModel, values: list[float]) -> tuple[list[int], np.ndarray]:
     """The chosen option per table and a device per piece from a solution's variable values."""
     picked_y = {o for v, (kind, o, _) in model.decode.items() if kind == "y" and values[v] > 0.5}

@@ -14,7 +14,7 @@ import numpy as np
 from instances.kernels import DENSE, FUSED, FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR
 from instances.memory import format_sizes, tier_label
 
-from .assembly import Assembly, Stuck, Trial, construct
+from .assembly import Assembly, Stuck, Trial, construct, place_table
 from .base import (
     Budget,
     Cause,
@@ -419,16 +419,8 @@ def from_previous(candidates: Candidates, changes: bool, deadline: float | None)
         candidates.single_costs, candidates.options.first)
     unplaced = sorted(np.flatnonzero(assembly.chosen < 0).tolist(), key=lambda t: (-biggest[chosen[t]], t))
     for table in unplaced:
-        first = int(chosen[table])
-        others = sorted((int(o) for o in candidates.by_table[table] if o != first), key=lambda o: weight[o])
-        stuck = None
-        for option in [first, *others]:
-            result = assembly.fit(option)
-            if isinstance(result, Trial):
-                assembly.put(option, result.devices)
-                break
-            stuck = stuck or result
-        else:
+        placed, stuck = place_table(assembly, table, int(chosen[table]), weight)
+        if not placed:
             return stuck
     descend(assembly, changes, np.inf if deadline is None else deadline)
     return assembly
