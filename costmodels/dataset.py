@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -17,7 +18,7 @@ from instances.io import read_text
 from instances.model import MAX_DIM, MAX_POOLING, MAX_ROWS
 from instances.pool import dlrm_pool
 
-from .measured import MeasurementCache, Protocol
+from .measured import Job, Measurement, MeasurementCache, Protocol, measure_many
 
 DIMS = (16, 32)
 
@@ -54,11 +55,55 @@ def measure_combination(task: tuple[dict, int, Protocol]) -> dict:
     tables = combination_tables(combo)
     together = cache.get_or_measure(tables, batch, protocol)
     singles = [cache.get_or_measure([t], batch, protocol) for t in tables]
+    return _record(combo, tables, together, singles, batch, protocol)
+
+
+def _record(combo: dict, tables: list[Table], together: Measurement, singles: list[Measurement], batch: int,
+            protocol: Protocol) -> dict:
     return {**combo, "features": [table_features(t) for t in tables], "batch": batch,
             "forward_s": together.forward_s, "backward_s": together.backward_s, "total_s": together.total_s,
             "spread": together.spread, "single_total_s": [s.total_s for s in singles],
             "single_forward_s": [s.forward_s for s in singles], "single_backward_s": [s.backward_s for s in singles],
+            "single_spread": [s.spread for s in singles],
             "device": together.device, "versions": together.versions, "protocol": asdict(protocol)}
+
+
+def measured_records(combos: Iterable[dict], batch: int, protocol: Protocol, workers: int = 0,
+                     deadline: float | None = None) -> Iterator[dict]:
+    """Dataset records for `combos`, in order, timed one at a time on this process's device while `workers`
+    processes build the inputs ahead; each table alone is timed once. No combination is started after
+    `deadline` (time.monotonic()); every record yielded is complete."""
+    seen: set[tuple[int, int]] = set()
+    singles: dict[tuple[int, int], Measurement] = {}
+
+    def jobs() -> Iterator[Job]:
+        for combo in combos:
+            tables = combination_tables(combo)
+            yield Job(("together", combo), tuple(tables), batch, protocol)
+            for key, table in zip(zip(combo["pool_indices"], combo["dims"]), tables):
+                if key not in seen:
+                    seen.add(key)
+                    yield Job(("single", key), (table,), batch, protocol)
+
+    current = None
+    for job, measurement in measure_many(jobs(), workers):
+        kind, ref = job.tag
+        if kind == "single":
+            singles[ref] = measurement
+            continue
+        if current is not None:  # its singles came before this job: it is complete
+            yield _finish(current, singles, batch, protocol)
+        current = (ref, job.tables, measurement)
+        if deadline is not None and time.monotonic() > deadline:
+            return
+    if current is not None:
+        yield _finish(current, singles, batch, protocol)
+
+
+def _finish(current, singles, batch: int, protocol: Protocol) -> dict:
+    combo, tables, together = current
+    keys = zip(combo["pool_indices"], combo["dims"])
+    return _record(combo, list(tables), together, [singles[k] for k in keys], batch, protocol)
 
 
 def collect(out: Path, count: int, max_tables: int, batch: int, seed: int, protocol: Protocol,

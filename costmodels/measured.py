@@ -1,32 +1,36 @@
 """The measured oracle: a device's forward and backward time, timed on a real FBGEMM table-batched
-embedding operator built from its tables (fbgemm-gpu on CUDA, fp16; fbgemm-gpu-cpu on CPU, fp32), with
-inputs synthesised to match each table's pooling factor and reuse bins. Timing follows AutoShard Alg. 2/3:
-5 warm-ups, 10 timed runs, each after a real cache flush, mean of the runs left after dropping the 2
-highest and 2 lowest. Communication is the analytic term (one process sees no network); the cached record
-says so. Measurements are cached on disk by table set, device and library versions."""
+embedding operator built from its tables (fbgemm-gpu on CUDA, fp16, each kernel where TorchRec puts it;
+fbgemm-gpu-cpu on CPU, fp32, every table on the host), with inputs synthesised to match each table's pooling
+factor and reuse bins. Timing follows AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush
+(a write larger than the last-level cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left
+after dropping the 2 highest and 2 lowest. Communication is the analytic term (one process sees no network);
+the cached record says so. Measurements are cached on disk by table set, placement, device and versions."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
 import platform
+import subprocess
 import time
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from instances import Instance, Table
 from instances.access import REFERENCE_BATCH, bin_count_ranges
+from instances.kernels import FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNELS
 from instances.pieces import Pieces
 
 from .analytic import AnalyticOracle
 from .base import DeviceCost, Oracle, Priced
 
 CPU_FLUSH_BYTES = 64 << 20   # larger than this machine's 32 MiB L3; see flush()
-CUDA_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2
-MEASURE_VERSION = 2          # bump when the protocol changes, so old cache entries are not reused
+CUDA_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (an H200 has 60 MB)
+MEASURE_VERSION = 3          # bump when the protocol changes, so old cache entries are not reused
 
 
 class MeasurementUnavailable(RuntimeError):
@@ -42,6 +46,24 @@ class Protocol:
     max_rows: int | None = 1 << 18  # CPU: rows beyond this are not allocated (8–32 MiB: the size of the LLC)
     batch: int | None = None    # default: the instance's batch size per device
     seed: int = 0
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a timed table's rows live, by TorchRec's kernel names: `fused` in HBM, `fused_uvm` in host
+    memory read over UVM, `fused_uvm_caching` in host memory with an HBM cache of `load_factor` of its rows.
+    Data-parallel (`dense`) tables are timed as `fused`. On a CPU every table is on the host."""
+    kernel: str = FUSED
+    load_factor: float = 0.0
+
+    def __post_init__(self):
+        if self.kernel not in KERNELS:
+            raise ValueError(f"unknown kernel {self.kernel!r}")
+        if self.kernel == FUSED_UVM_CACHING and not 0 < self.load_factor <= 1:
+            raise ValueError(f"a cached table needs a load factor in (0, 1], got {self.load_factor}")
+
+
+HBM = Placement()
 
 
 @dataclass(frozen=True)
@@ -65,6 +87,15 @@ class Measurement:
         return float(totals.std() / totals.mean()) if totals.mean() > 0 else 0.0
 
 
+@dataclass(frozen=True, eq=False)
+class Inputs:
+    """One batch of lookups for a table set, table-major (all of table 0's samples, then table 1's, ...), as
+    TBE takes them, over the rows each table is given."""
+    rows: tuple[int, ...]
+    indices: np.ndarray
+    offsets: np.ndarray
+
+
 def _fbgemm():
     try:
         import fbgemm_gpu  # noqa: F401
@@ -84,14 +115,24 @@ def _fbgemm():
 
 
 def environment() -> tuple[str, dict]:
+    """The device timings are taken on, and the versions they depend on (both part of the cache key)."""
     import fbgemm_gpu
     import torch
 
-    if torch.cuda.is_available():
-        device = f"cuda:{torch.cuda.get_device_name(0)}"
-    else:
-        device = f"cpu:{cpu_model()}"
-    return device, {"torch": torch.__version__, "fbgemm_gpu": fbgemm_gpu.__version__, "protocol": MEASURE_VERSION}
+    versions = {"torch": torch.__version__, "fbgemm_gpu": fbgemm_gpu.__version__, "protocol": MEASURE_VERSION}
+    if not torch.cuda.is_available():
+        return f"cpu:{cpu_model()}", versions
+    return f"cuda:{torch.cuda.get_device_name(0)}", {**versions, "cuda": torch.version.cuda, "driver": gpu_driver()}
+
+
+@lru_cache(maxsize=1)
+def gpu_driver() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
 
 
 def cpu_model() -> str:
@@ -143,8 +184,28 @@ def _match_total(counts: np.ndarray, total: int) -> None:
             diff += take
 
 
-def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()) -> Measurement:
-    """Times forward and backward (with the fused SGD update) of one TBE holding `tables`."""
+def allocated_rows(tables: Sequence[Table], protocol: Protocol, cuda: bool) -> tuple[int, ...]:
+    """Rows each table is given: all of them on a GPU; on a CPU at most `max_rows` (a larger table only
+    adds cache misses, which the flush already causes)."""
+    cap = None if cuda else protocol.max_rows
+    return tuple(t.rows if cap is None else min(t.rows, cap) for t in tables)
+
+
+def synthesize_inputs(tables: Sequence[Table], batch: int, protocol: Protocol, cuda: bool) -> Inputs:
+    """The batch `measure` times, from the protocol's seed alone (numpy only: worker processes can build
+    it while the device times another set)."""
+    rng = np.random.default_rng(protocol.seed)
+    rows = allocated_rows(tables, protocol, cuda)
+    per_table = [synthesize_indices(t, batch, r, rng) for t, r in zip(tables, rows)]
+    lengths = np.concatenate([ln for _, ln in per_table])
+    return Inputs(rows, np.concatenate([ix for ix, _ in per_table]),
+                  np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
+
+
+def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol(),
+            placements: Sequence[Placement] | None = None, inputs: Inputs | None = None) -> Measurement:
+    """Times forward and backward (with the fused SGD update) of `tables`: one TBE per placement, as
+    TorchRec groups tables by kernel and load factor (on a CPU one TBE on the host)."""
     import torch
 
     EmbOptimType, SparseType, EmbeddingLocation, PoolingMode, ComputeDevice, TBE = _fbgemm()
@@ -152,51 +213,135 @@ def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()
         raise MeasurementUnavailable("the measured oracle times pooled tables; use the analytic oracle for "
                                      "sequence tables")
     cuda = torch.cuda.is_available()
+    placements = list(placements) if placements is not None else [HBM] * len(tables)
+    if len(placements) != len(tables):
+        raise ValueError(f"{len(placements)} placements for {len(tables)} tables")
+    if not cuda:
+        placements = [HBM] * len(tables)
     device_name, versions = environment()
-    rng = np.random.default_rng(protocol.seed)
-    rows = [t.rows if cuda or protocol.max_rows is None else min(t.rows, protocol.max_rows) for t in tables]
-    location, compute = ((EmbeddingLocation.DEVICE, ComputeDevice.CUDA) if cuda
-                         else (EmbeddingLocation.HOST, ComputeDevice.CPU))
+    inputs = inputs or synthesize_inputs(tables, batch, protocol, cuda)
+    location = {FUSED: EmbeddingLocation.DEVICE, FUSED_UVM: EmbeddingLocation.MANAGED,
+                FUSED_UVM_CACHING: EmbeddingLocation.MANAGED_CACHING}
     previous_threads = torch.get_num_threads()
     if not cuda:
         torch.set_num_threads(protocol.threads)
     try:
         torch.manual_seed(protocol.seed)
-        op = TBE(embedding_specs=[(r, t.dim, location, compute) for r, t in zip(rows, tables)],
-                 optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.01, pooling_mode=PoolingMode.SUM,
-                 weights_precision=SparseType.FP16 if cuda else SparseType.FP32)
-        per_table = [synthesize_indices(t, batch, r, rng) for t, r in zip(tables, rows)]
-        # TBE takes lookups table-major: all of table 0's samples, then table 1's, ...
-        indices = torch.from_numpy(np.concatenate([ix for ix, _ in per_table]))
-        lengths = np.concatenate([ln for _, ln in per_table])
-        offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
         target = torch.device("cuda") if cuda else torch.device("cpu")
-        indices, offsets = indices.to(target), offsets.to(target)
+        groups: dict[Placement, list[int]] = {}
+        for i, placement in enumerate(placements):
+            groups.setdefault(placement, []).append(i)
+        bounds = inputs.offsets[np.arange(len(tables) + 1) * batch]
+        indices = torch.from_numpy(inputs.indices).to(target)
+        lengths = np.diff(inputs.offsets)
+        ops, group_inputs = [], []
+        for placement, members in groups.items():
+            specs = [(inputs.rows[i], tables[i].dim,
+                      location[placement.kernel] if cuda and placement.kernel != "dense" else
+                      (EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST),
+                      ComputeDevice.CUDA if cuda else ComputeDevice.CPU) for i in members]
+            extra = {"cache_load_factor": placement.load_factor} if placement.kernel == FUSED_UVM_CACHING else {}
+            ops.append(TBE(embedding_specs=specs, optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.01,
+                           pooling_mode=PoolingMode.SUM,
+                           weights_precision=SparseType.FP16 if cuda else SparseType.FP32, **extra))
+            pieces = torch.cat([indices[bounds[i]:bounds[i + 1]] for i in members])
+            member_lengths = np.concatenate([lengths[i * batch:(i + 1) * batch] for i in members])
+            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(member_lengths)]).astype(np.int64)).to(target)
+            row_of_lookup = torch.from_numpy(np.repeat([inputs.rows[i] for i in members],
+                                                       [bounds[i + 1] - bounds[i] for i in members])).to(target)
+            group_inputs.append((pieces, offsets, row_of_lookup, sum(tables[i].dim for i in members)))
+        # A cache would otherwise hold exactly the rows a repeated batch reads from the second run on: each
+        # run reads the same pattern moved to other rows (seeded), so only reuse within a batch hits.
+        moves = any(p.kernel == FUSED_UVM_CACHING for p in groups)
+        shifts = np.random.default_rng(protocol.seed + 1).integers(0, 1 << 40, protocol.warmups + protocol.runs)
         flush_buffer = torch.zeros((CUDA_FLUSH_BYTES if cuda else CPU_FLUSH_BYTES) // 4, device=target)
-        grad = torch.ones((batch, sum(t.dim for t in tables)), device=target)
+        grads = [torch.ones((batch, width), device=target) for *_, width in group_inputs]
         forward_runs, backward_runs = [], []
         for run in range(protocol.warmups + protocol.runs):
+            batch_inputs = [((ix + int(shifts[run])) % rows if moves else ix, off)
+                            for ix, off, rows, _ in group_inputs]
             flush_buffer.add_(1.0)  # writes every line: evicts the tables' rows from the caches
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            out = op(indices, offsets)
-            if cuda:
-                torch.cuda.synchronize()
-            middle = time.perf_counter()
-            out.backward(grad)
-            if cuda:
-                torch.cuda.synchronize()
-            end = time.perf_counter()
+            forward_s, backward_s = _timed_step(ops, batch_inputs, grads, cuda)
             if run >= protocol.warmups:
-                forward_runs.append(middle - start)
-                backward_runs.append(end - middle)
+                forward_runs.append(forward_s)
+                backward_runs.append(backward_s)
     finally:
         torch.set_num_threads(previous_threads)
     return Measurement(forward_s=trimmed_mean(forward_runs, protocol.trim),
                        backward_s=trimmed_mean(backward_runs, protocol.trim),
                        forward_runs=tuple(forward_runs), backward_runs=tuple(backward_runs),
                        device=device_name, versions=versions)
+
+
+def _timed_step(ops, batch_inputs, grads, cuda: bool) -> tuple[float, float]:
+    """One forward and one backward of every op: seconds each, by CUDA events on a GPU (no host clock in
+    the way) and by the host clock on a CPU."""
+    import torch
+
+    if cuda:
+        marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        torch.cuda.synchronize()
+        marks[0].record()
+        outs = [op(ix, off) for op, (ix, off) in zip(ops, batch_inputs)]
+        marks[1].record()
+        torch.autograd.backward(outs, grads)
+        marks[2].record()
+        torch.cuda.synchronize()
+        return marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
+    start = time.perf_counter()
+    outs = [op(ix, off) for op, (ix, off) in zip(ops, batch_inputs)]
+    middle = time.perf_counter()
+    torch.autograd.backward(outs, grads)
+    return middle - start, time.perf_counter() - middle
+
+
+@dataclass(frozen=True)
+class Job:
+    """One table set to time, in its places, with a tag the caller reads back."""
+    tag: object
+    tables: tuple[Table, ...]
+    batch: int
+    protocol: Protocol
+    placements: tuple[Placement, ...] | None = None
+
+
+def _synthesize_job(job: Job, cuda: bool) -> Inputs:
+    return synthesize_inputs(job.tables, job.batch, job.protocol, cuda)
+
+
+def measure_many(jobs: Iterable[Job], workers: int = 0, lookahead: int = 32) -> Iterator[tuple[Job, Measurement]]:
+    """Times the jobs in order, one at a time on this process's device, while `workers` processes build
+    the next jobs' inputs (the device never waits on numpy). Measurements are identical to `measure`'s:
+    the inputs come from the same seed."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if workers <= 0:
+        for job in jobs:
+            yield job, measure(job.tables, job.batch, job.protocol, job.placements)
+        return
+    import multiprocessing
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    # spawn, not fork: a forked child of a process that has touched CUDA cannot use it, nor should it try.
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        pending: deque = deque()
+        queued = iter(jobs)
+        for job in queued:
+            pending.append((job, pool.submit(_synthesize_job, job, cuda)))
+            if len(pending) >= lookahead:
+                break
+        while pending:
+            job, future = pending.popleft()
+            inputs = future.result()
+            following = next(queued, None)
+            if following is not None:
+                pending.append((following, pool.submit(_synthesize_job, following, cuda)))
+            yield job, measure(job.tables, job.batch, job.protocol, job.placements, inputs)
+    finally:  # a caller that stops early (a deadline) does not wait for inputs it will not time
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def trimmed_mean(values: Sequence[float], trim: int) -> float:
@@ -209,10 +354,14 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("SHARDBENCH_CACHE", Path.home() / ".cache" / "shardbench" / "measurements"))
 
 
-def cache_key(tables: Sequence[Table], batch: int, protocol: Protocol, device: str, versions: dict) -> str:
-    """Identical table sets (order does not matter), batch, protocol, device and versions share a key."""
-    described = sorted(json.dumps([t.rows, t.dim, t.dtype_bytes, t.pooling_factor, list(t.reuse_bins), t.pooled])
-                       for t in tables)
+def cache_key(tables: Sequence[Table], batch: int, protocol: Protocol, device: str, versions: dict,
+              placements: Sequence[Placement] | None = None) -> str:
+    """Identical table sets (order does not matter) in the same places, batch, protocol, device and versions
+    share a key (a set all in HBM keys as it did before placements)."""
+    placements = list(placements) if placements is not None else [HBM] * len(tables)
+    described = sorted(json.dumps([t.rows, t.dim, t.dtype_bytes, t.pooling_factor, list(t.reuse_bins), t.pooled]
+                                  + ([] if p == HBM else [p.kernel, p.load_factor]))
+                       for t, p in zip(tables, placements))
     payload = json.dumps({"tables": described, "batch": batch, "protocol": asdict(protocol), "device": device,
                           "versions": versions}, sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -222,17 +371,24 @@ class MeasurementCache:
     def __init__(self, folder: Path | None = None):
         self.folder = Path(folder) if folder is not None else default_cache_dir()
 
-    def get_or_measure(self, tables: Sequence[Table], batch: int, protocol: Protocol) -> Measurement:
+    def get_or_measure(self, tables: Sequence[Table], batch: int, protocol: Protocol,
+                       placements: Sequence[Placement] | None = None, inputs: Inputs | None = None) -> Measurement:
         device, versions = environment()
-        path = self.folder / f"{cache_key(tables, batch, protocol, device, versions)}.json"
+        path = self.folder / f"{cache_key(tables, batch, protocol, device, versions, placements)}.json"
         if path.exists():
             return Measurement(**{k: tuple(v) if k.endswith("_runs") else v for k, v in json.loads(path.read_text()).items()})
-        result = measure(tables, batch, protocol)
+        result = measure(tables, batch, protocol, placements=placements, inputs=inputs)
         self.folder.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(".tmp")
         temporary.write_text(json.dumps(asdict(result)))
         temporary.replace(path)
         return result
+
+
+def piece_placements(pieces: Pieces) -> list[Placement]:
+    """Each piece's placement: its kernel, and its cache's load factor when it has one."""
+    return [Placement(KERNELS[k], float(lf) if KERNELS[k] == FUSED_UVM_CACHING else 0.0)
+            for k, lf in zip(pieces.kernel.tolist(), pieces.load_factor.tolist())]
 
 
 class MeasuredOracle(Oracle):
@@ -262,6 +418,7 @@ class MeasuredPriced(Priced):
         super().__init__(instance, pieces)
         self.oracle = oracle
         self.tables = pieces.as_tables(instance)
+        self.placements = piece_placements(pieces)
         self.comm = oracle.analytic.piece_breakdown(instance, pieces)[:, 2:]
 
     def device_cost(self, members: Sequence[int]) -> DeviceCost:
@@ -269,6 +426,7 @@ class MeasuredPriced(Priced):
         if not members:
             return DeviceCost.from_parts(0.0, 0.0, 0.0, 0.0)
         batch = self.oracle.protocol.batch or self.instance.workload.batch_size
-        result = self.oracle.cache.get_or_measure([self.tables[m] for m in members], batch, self.oracle.protocol)
+        result = self.oracle.cache.get_or_measure([self.tables[m] for m in members], batch, self.oracle.protocol,
+                                                  [self.placements[m] for m in members])
         comm = self.comm[members].sum(axis=0)
         return DeviceCost.from_parts(result.forward_s, result.backward_s, float(comm[0]), float(comm[1]))

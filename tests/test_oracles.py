@@ -95,9 +95,9 @@ def test_cached_measurements_are_reused_only_for_identical_sets_and_versions(tmp
     calls = []
     real = measured_module.measure
 
-    def counting(tables, batch, protocol):
+    def counting(tables, batch, protocol, **where):
         calls.append(len(tables))
-        return real(tables, batch, protocol)
+        return real(tables, batch, protocol, **where)
 
     monkeypatch.setattr(measured_module, "measure", counting)
     cache = MeasurementCache(tmp_path)
