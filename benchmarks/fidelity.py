@@ -1,10 +1,11 @@
-"""Oracle fidelity on held-out measurements: for the test split of a measured cost dataset (combinations
-of tables unseen in training), how well each oracle predicts the measured device time (MAE, MAPE, R²) and
-ranks it (Kendall τ); how far the multi-table cost is from the sum of single-table costs (AutoShard Fig. 4
-right, DreamShard Fig. 12); and the measured repeat spread."""
+"""Oracle fidelity on held-out measurements, one section per measured dataset (CPU, GPU): for the test
+split (combinations of tables unseen in training), how well each oracle predicts the measured device time
+(MAE, MAPE, R²) and ranks it (Kendall τ); how far the multi-table cost is from the sum of single-table costs
+(AutoShard Fig. 4 right, DreamShard Fig. 12); and the measured repeat spread."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,39 +14,78 @@ from costmodels.analytic import AnalyticOracle
 from costmodels.dataset import combination_tables, load_dataset
 from costmodels.neural import TrainedModel, accuracy, predict_total, shipped_model_path
 from instances import Instance, Topology, Workload
+from instances.pieces import Pieces
 
 from .pages import plot_line
 
 
-def analytic_compute_seconds(record: dict) -> float:
-    tables = tuple(combination_tables(record))
-    instance = Instance("fidelity", tables, Topology(1, 1, 1 << 50, device_kind="cpu"),
-                       Workload(batch_size=record["batch"]))
-    return float(AnalyticOracle().table_breakdown(instance)[:, :2].sum())
+@dataclass(frozen=True)
+class Dataset:
+    label: str              # the section's title and the plot's name
+    path: str
+    networks: tuple[str, ...]  # neural oracles trained on this dataset
+    device_kind: str        # the analytic oracle's constants ("cpu" or "gpu")
+    torchrec: bool          # TorchRec's estimator predicts GPU time; it has nothing to say about a CPU
 
 
-def report(dataset: Path, out: Path) -> str:
+DATASETS = (
+    Dataset("CPU", "costmodels/data/cpu_costs.jsonl", ("neural-autoshard", "neural-dreamshard"), "cpu", False),
+    Dataset("GPU", "costmodels/data/h200_costs.jsonl.gz", ("neural-autoshard-h200", "neural-dreamshard-h200"),
+            "gpu", True),
+)
+
+
+def _one_device(record: dict, device_kind: str) -> Instance:
+    return Instance("fidelity", tuple(combination_tables(record)), Topology(1, 1, 1 << 50, device_kind=device_kind),
+                    Workload(batch_size=record["batch"]))
+
+
+def analytic_compute_seconds(record: dict, device_kind: str = "cpu") -> float:
+    return float(AnalyticOracle().table_breakdown(_one_device(record, device_kind))[:, :2].sum())
+
+
+def torchrec_compute_seconds(records: list[dict]) -> np.ndarray:
+    """TorchRec's estimator's forward+backward compute of each combination on one GPU, at its own
+    constants (its default HBM bandwidth), in seconds."""
+    from costmodels import get_oracle
+
+    oracle = get_oracle("torchrec")
+    scale = {"ms": 1e-3, "s": 1.0}[oracle.unit]
+    out = []
+    for record in records:
+        instance = _one_device(record, "gpu")
+        cost = oracle.bind(instance, Pieces.table_wise(instance)).device_cost(list(range(instance.num_tables)))
+        out.append((cost.forward_compute + cost.backward_compute) * scale)
+    return np.array(out)
+
+
+def section(dataset: Dataset, out: Path, page: Path) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = load_dataset(dataset)
+    records = load_dataset(Path(dataset.path))
     test = [r for r in records if r["split"] == "test"]
     actual = np.array([r["total_s"] for r in test])
     predictions = {
         "single-table sum (measured)": np.array([sum(r["single_total_s"]) for r in test]),
-        "analytic (CPU DDR constants)": np.array([analytic_compute_seconds(r) for r in test]),
+        f"analytic ({dataset.device_kind.upper()} constants)": np.array(
+            [analytic_compute_seconds(r, dataset.device_kind) for r in test]),
         "lookup heuristic (Σ dim × pooling, rank only)": np.array(
             [sum(f[0] * f[2] for f in r["features"]) for r in test]),
     }
-    for name in ("neural-autoshard", "neural-dreamshard"):
+    if dataset.torchrec:
+        predictions["TorchRec's estimator (its default constants)"] = torchrec_compute_seconds(test)
+    for name in dataset.networks:
         path = shipped_model_path(name)
         if path.exists():
             predictions[name] = predict_total(TrainedModel.load(path), test)
-    lines = [f"Held-out measurements: {len(test)} combinations of 1–{max(len(r['dims']) for r in records)} tables "
-             f"from the unseen half of the pool ({len(records) - len(test)} training combinations), measured on "
-             f"{records[0]['device']} at batch {records[0]['batch']}.", "",
+    lines = [f"## {dataset.label}: {records[0]['device']}", "",
+             f"`{dataset.path}`: {len(records)} combinations of 1–{max(len(r['dims']) for r in records)} tables at "
+             f"batch {records[0]['batch']:,} ({', '.join(f'{k} {v}' for k, v in records[0]['versions'].items())}). "
+             f"Held out: {len(test)} combinations from the unseen half of the pool ({len(records) - len(test)} "
+             "training combinations).", "",
              "| oracle | MAE (ms) | MAPE | R² | Kendall τ |", "|---|---|---|---|---|"]
     for name, predicted in predictions.items():
         m = accuracy(predicted, actual)
@@ -69,24 +109,32 @@ def report(dataset: Path, out: Path) -> str:
     left.plot([0, top], [0, top], color="grey", lw=0.8)
     left.set_xlabel("sum of single-table costs (ms)")
     left.set_ylabel("multi-table cost (ms)")
-    left.set_title("fusion: multi-table vs single-table sum")
+    left.set_title(f"{dataset.label}: multi-table vs single-table sum")
     for name, predicted in predictions.items():
         if "rank only" not in name:
             right.scatter(actual * 1e3, predicted * 1e3, s=6, alpha=0.5, label=name)
     right.plot([0, actual.max() * 1e3], [0, actual.max() * 1e3], color="grey", lw=0.8)
     right.set_xlabel("measured (ms)")
     right.set_ylabel("predicted (ms)")
-    right.set_title("held-out combinations")
+    right.set_title(f"{dataset.label}: held-out combinations")
     right.legend(fontsize=7)
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / "fidelity.png", dpi=110)
+    plot = out / f"fidelity-{dataset.label.lower()}.png"
+    fig.savefig(plot, dpi=110)
     plt.close(fig)
-    lines += ["", plot_line(out / "fidelity.md", out / "fidelity.png",
-                            "left: multi-table cost against the sum of single-table costs; right: each oracle "
-                            "against the measured cost on held-out combinations")]
-    text = "\n".join(lines) + "\n"
-    (out / "fidelity.md").write_text(text)
+    return lines + ["", plot_line(page, plot, f"{dataset.label}: left, multi-table cost against the sum of "
+                                  "single-table costs; right, each oracle against the measured cost on held-out "
+                                  "combinations")]
+
+
+def report(out: Path, datasets: tuple[Dataset, ...] = DATASETS) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    page = out / "fidelity.md"
+    lines = ["# Oracle fidelity on held-out measurements", "", __doc__.split("\n\n")[0].replace("\n", " "), ""]
+    for dataset in datasets:
+        lines += section(dataset, out, page) + [""]
+    text = "\n".join(lines)
+    page.write_text(text)
     return text
 
 
@@ -94,10 +142,9 @@ def main(argv=None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dataset", default="costmodels/data/cpu_costs.jsonl")
     parser.add_argument("--out", default="docs/results/oracles", help="the page's folder (default: %(default)s)")
     args = parser.parse_args(argv)
-    print(report(Path(args.dataset), Path(args.out)))
+    print(report(Path(args.out)))
     return 0
 
 

@@ -45,7 +45,7 @@ _ENTRIES: dict[str, OracleEntry] = {
     "analytic": OracleEntry("costmodels.analytic:AnalyticOracle"),
     "measured": OracleEntry("costmodels.measured:MeasuredOracle"),
     **{name: OracleEntry("costmodels.neural:NeuralOracle", "costmodels.neural:load_shipped", (name,))
-       for name in ("neural-autoshard", "neural-dreamshard")},
+       for name in ("neural-autoshard", "neural-dreamshard", "neural-autoshard-h200", "neural-dreamshard-h200")},
     "torchrec": OracleEntry("interop.oracle:TorchRecOracle"),
 }
 

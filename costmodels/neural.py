@@ -331,7 +331,10 @@ class NeuralPriced(Priced):
         return NeuralDeviceState(self)
 
 
-SHIPPED = {"neural-autoshard": "autoshard_cpu.pt", "neural-dreamshard": "dreamshard_cpu.pt"}
+# Weights shipped, by the data they were trained on: the CPU dataset (AMD EPYC, batch 2,048) and the GPU one
+# (NVIDIA H200, batch 16,384); benchmarks/fidelity.py reports each on its own held-out combinations.
+SHIPPED = {"neural-autoshard": "autoshard_cpu.pt", "neural-dreamshard": "dreamshard_cpu.pt",
+           "neural-autoshard-h200": "autoshard_h200.pt", "neural-dreamshard-h200": "dreamshard_h200.pt"}
 
 
 def shipped_model_path(name: str) -> Path:

@@ -2,6 +2,7 @@
 several outputs are written all or none, so that a failed or interrupted command leaves no partial output."""
 from __future__ import annotations
 
+import gzip
 import itertools
 import json
 import os
@@ -9,6 +10,7 @@ import re
 import shutil
 import signal
 import tempfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -26,12 +28,18 @@ MANIFEST = "manifest.json"
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
-    """A file's text as UTF-8, or an InstanceError naming the file and why it cannot be read."""
+    """A file's text as UTF-8 (a `.gz` file decompressed), or an InstanceError naming the file and why it
+    cannot be read."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise InstanceError(str(path), f"cannot read {what} ({exc.strerror or exc})") from exc
+    if path.suffix == ".gz":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise InstanceError(str(path), f"not a gzip file ({exc})") from exc
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -1,4 +1,7 @@
+import gzip
 import json
+import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -10,16 +13,24 @@ from hypothesis import strategies as st
 import costmodels.measured as measured_module
 from shardbench.cli import main
 from costmodels.analytic import AnalyticOracle
-from costmodels.dataset import combinations, table_features
+from costmodels.dataset import combinations, load_dataset, measured_records, table_features
 from costmodels.measured import (
+    Job,
     MeasuredOracle,
     MeasurementCache,
+    Placement,
     Protocol,
+    cache_key,
     measure,
+    measure_many,
+    piece_placements,
     synthesize_indices,
+    synthesize_inputs,
 )
 from costmodels.neural import CostNet, NeuralOracle, TrainedModel, train
-from instances import Instance, Plan, Topology, Workload
+from instances import Instance, InstanceError, Plan, Shard, TableSharding, Topology, Workload
+from instances.kernels import FUSED_UVM, FUSED_UVM_CACHING
+from instances.pieces import Pieces
 from instances.dlrm_loader import reuse_bins
 from instances.pool import dlrm_pool
 
@@ -121,6 +132,69 @@ def test_measure_reports_spread_and_trimmed_means():
     ordered = sorted(result.forward_runs)
     assert result.forward_s == pytest.approx(np.mean(ordered[1:-1]))
     assert result.spread >= 0
+
+
+def test_measure_many_times_the_inputs_measure_would_build_in_order(monkeypatch):
+    pool = dlrm_pool()
+    jobs = [Job(k, (pool[k].as_table(16, 2), pool[k + 7].as_table(32, 2)), 64, replace(TINY, seed=k))
+            for k in range(4)]
+    seen = []
+
+    def recording(tables, batch, protocol, placements=None, inputs=None):
+        seen.append(inputs)
+        return real(tables, batch, protocol, placements, inputs)
+
+    real = measured_module.measure
+    monkeypatch.setattr(measured_module, "measure", recording)
+    results = list(measure_many(jobs, workers=1, lookahead=2))
+    assert [job.tag for job, _ in results] == [0, 1, 2, 3]
+    for job, inputs in zip(jobs, seen):  # built in a worker process, from the job's seed alone
+        expected = synthesize_inputs(job.tables, 64, job.protocol, cuda=False)
+        assert np.array_equal(inputs.indices, expected.indices) and np.array_equal(inputs.offsets, expected.offsets)
+    assert all(len(m.forward_runs) == TINY.runs and m.total_s > 0 for _, m in results)
+
+
+def test_measured_records_are_complete_and_stop_at_the_deadline():
+    combos = list(combinations(3, 3, seed=1))
+    records = list(measured_records(combos, 64, TINY))
+    assert [r["id"] for r in records] == [c["id"] for c in combos]
+    assert all(len(r["single_total_s"]) == len(r["dims"]) == len(r["single_spread"]) for r in records)
+    assert list(measured_records(combos, 64, TINY, deadline=time.monotonic() - 1)) == []
+
+
+def test_placements_key_the_cache_apart_and_are_checked(tmp_path):
+    pool = dlrm_pool()
+    table = pool[3].as_table(16, 2)
+    device, versions = measured_module.environment()
+    plain = cache_key([table], 64, TINY, device, versions)
+    assert cache_key([table], 64, TINY, device, versions, [Placement()]) == plain
+    cached = cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM_CACHING, 0.2)])
+    assert cached != plain != cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM)])
+    with pytest.raises(ValueError, match="load factor"):
+        Placement(FUSED_UVM_CACHING, 0.0)
+    with pytest.raises(ValueError, match="unknown kernel"):
+        Placement("hbm")
+    # On a CPU every table is on the host: a cached placement is timed, not refused.
+    assert measure([table], 64, TINY, [Placement(FUSED_UVM_CACHING, 0.2)]).total_s > 0
+
+
+def test_measured_oracle_reads_each_pieces_kernel_and_load_factor():
+    instance = _pool_instance([0, 5], [16, 32])
+    plan = Plan("p", (TableSharding("table_wise", (Shard(0, (0, instance.tables[0].rows), (0, 16)),),
+                                    FUSED_UVM_CACHING, 0.3),
+                      TableSharding("table_wise", (Shard(1, (0, instance.tables[1].rows), (0, 32)),))))
+    pieces, _ = Pieces.of_plan(instance, plan)
+    assert piece_placements(pieces) == [Placement(FUSED_UVM_CACHING, 0.3), Placement()]
+
+
+def test_a_gzipped_dataset_reads_as_its_text_and_a_broken_one_is_named(tmp_path):
+    records = _records(4)
+    path = tmp_path / "costs.jsonl.gz"
+    path.write_bytes(gzip.compress(("\n".join(json.dumps(r) for r in records) + "\n").encode()))
+    assert [r["id"] for r in load_dataset(path)] == [r["id"] for r in records]
+    path.write_bytes(b"not gzip at all")
+    with pytest.raises(InstanceError, match="not a gzip file"):
+        load_dataset(path)
 
 
 # ---------------------------------------------------------------- neural
