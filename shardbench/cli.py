@@ -478,23 +478,27 @@ def _torchrec_storage_line(instance, plan) -> str:
 
 
 def _cmd_solvers(args: argparse.Namespace) -> int:
-    print(f"{'name':<20} {'exact':<6} {'additive':<9} {'stochastic':<11} {'splits':<8} description")
-    for name in solver_names():
+    names = solver_names()
+    width = max(len(n) for n in (*names, "name")) + 1
+    print(f"{'name':<{width}} {'exact':<6} {'additive':<9} {'stochastic':<11} {'splits':<8} description")
+    for name in names:
         info = get_solver(name)
-        print(f"{name:<20} {'yes' if info.exact else 'no':<6} {'needs' if info.needs_additive else 'any':<9} "
+        print(f"{name:<{width}} {'yes' if info.exact else 'no':<6} {'needs' if info.needs_additive else 'any':<9} "
               f"{'yes' if info.stochastic else 'no':<11} {'yes' if info.splits else 'whole':<8} {info.description}")
     return 0
 
 
 def _cmd_oracles(args: argparse.Namespace) -> int:
-    print(f"{'name':<18} {'additive':<9} {'unit':<13} description")
-    for name in oracle_names():
+    names = oracle_names()
+    width = max(len(n) for n in (*names, "name")) + 1
+    print(f"{'name':<{width}} {'additive':<9} {'unit':<13} description")
+    for name in names:
         try:
             oracle = get_oracle(name)
         except (FileNotFoundError, ImportError, RuntimeError) as exc:
-            print(f"{name:<18} {'-':<9} {'-':<13} unavailable here: {exc}")
+            print(f"{name:<{width}} {'-':<9} {'-':<13} unavailable here: {exc}")
             continue
-        print(f"{name:<18} {'yes' if oracle.additive else 'no':<9} {oracle.unit:<13} {oracle.description}")
+        print(f"{name:<{width}} {'yes' if oracle.additive else 'no':<9} {oracle.unit:<13} {oracle.description}")
     return 0
 
 

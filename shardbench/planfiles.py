@@ -36,6 +36,10 @@ def save_sharding_plan(sharding_plan, path: str | Path | BinaryIO) -> None:
 
     import torch
 
+    if isinstance(sharding_plan, Plan):
+        raise TypeError("save_sharding_plan takes TorchRec's ShardingPlan (what ShardbenchPlanner.plan returns) or a "
+                        "reshard delta, not a shardbench Plan; write that with `plan -o` and turn it into a "
+                        "ShardingPlan with `shardbench export-torchrec`")
     module_plan = _plan_classes()["EmbeddingModuleShardingPlan"]
 
     class Pickler(pickle.Pickler):

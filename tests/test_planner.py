@@ -39,6 +39,9 @@ def test_a_dlrm_plan_runs_forward_and_backward_under_dmp_on_two_gloo_processes(t
     assert result.plan is not None and result.solver and result.objective >= result.bound and result.gap >= 0
     shardbench.save_sharding_plan(sharding_plan, tmp_path / "plan.pt")
     assert shardbench.load_plan(tmp_path / "plan.pt") == sharding_plan
+    with pytest.raises(TypeError, match="export-torchrec"):  # our own plan is not what TorchRec loads
+        shardbench.save_sharding_plan(result.plan, tmp_path / "ours.pt")
+    assert not (tmp_path / "ours.pt").exists()
     ranks = run_on_two_gloo_processes("--dlrm", "-", str(tmp_path / "plan.pt"), out=str(tmp_path / "out"))
     for result in ranks:
         assert result["ok"], result
