@@ -1,7 +1,8 @@
-"""Oracle fidelity on held-out measurements, one section per measured dataset (CPU, GPU): for the test
-split (combinations of tables unseen in training), how well each oracle predicts the measured device time
-(MAE, MAPE, R²) and ranks it (Kendall τ); how far the multi-table cost is from the sum of single-table costs
-(AutoShard Fig. 4 right, DreamShard Fig. 12); and the measured repeat spread."""
+"""Oracle fidelity on held-out measurements, one section per measured dataset (CPU, GPU).
+
+For the test split (combinations of tables unseen in training): how well each oracle predicts the measured
+device time (MAE, MAPE, R²) and ranks it (Kendall τ); how far the multi-table cost is from the sum of
+single-table costs (AutoShard Fig. 4 right, DreamShard Fig. 12); and the measured repeat spread."""
 from __future__ import annotations
 
 import sys
@@ -40,7 +41,7 @@ def _one_device(record: dict, device_kind: str) -> Instance:
                     Workload(batch_size=record["batch"]))
 
 
-def analytic_compute_seconds(record: dict, device_kind: str = "cpu") -> float:
+def analytic_compute_seconds(record: dict, device_kind: str) -> float:
     return float(AnalyticOracle().table_breakdown(_one_device(record, device_kind))[:, :2].sum())
 
 
@@ -130,7 +131,7 @@ def section(dataset: Dataset, out: Path, page: Path) -> list[str]:
 def report(out: Path, datasets: tuple[Dataset, ...] = DATASETS) -> str:
     out.mkdir(parents=True, exist_ok=True)
     page = out / "fidelity.md"
-    lines = ["# Oracle fidelity on held-out measurements", "", __doc__.split("\n\n")[0].replace("\n", " "), ""]
+    lines = ["# Oracle fidelity on held-out measurements", "", __doc__.split("\n\n")[1].replace("\n", " "), ""]
     for dataset in datasets:
         lines += section(dataset, out, page) + [""]
     text = "\n".join(lines)

@@ -1,11 +1,15 @@
-"""Measurements on a GPU, in one device run: each rank's shard set of TorchRec's plan and of ours on the
-vs-torchrec-80x8 tasks, shards and host-memory placements of heavy pool tables, then a cost dataset of pool
-table combinations until a deadline. `prepare` (here) writes what is timed and what the estimators predict
-for it; `run` (on the GPU; numpy, torch and fbgemm-gpu only) times it."""
+"""Measurements on a GPU in one device run, and their results page.
+
+What is timed: each rank's shard set of TorchRec's plan and of ours on the vs-torchrec-80x8 tasks, shards and
+host-memory placements of heavy pool tables, then a cost dataset of pool table combinations until a deadline.
+`prepare` (here) writes what is timed and what the estimators predict for it; `run` (on the GPU; numpy, torch
+and fbgemm-gpu only) times it; `report` (here) writes the page from the committed records."""
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
+import os
 import subprocess
 import sys
 import time
@@ -41,8 +45,8 @@ def spec_table(spec: dict) -> tuple[Table, Placement]:
 # ---------------------------------------------------------------- prepare (here)
 
 
-def _compute(cost) -> float:
-    return cost.forward_compute + cost.backward_compute
+def _compute_seconds(cost, unit: str) -> float:
+    return (cost.forward_compute + cost.backward_compute) * {"ms": 1e-3, "s": 1.0}[unit]
 
 
 def plan_sets() -> list[dict]:
@@ -79,7 +83,8 @@ def plan_sets() -> list[dict]:
                 out.append({"task": task, "plan": label, "solver": record["solver"], "rank": rank,
                             "objective": record["objective"], "batch": instance.workload.batch_size,
                             "tables": [table_spec(tables[m], placements[m]) for m in members],
-                            "predicted_compute_s": {name: _compute(p.device_cost(members)) if members else 0.0
+                            "predicted_compute_s": {name: _compute_seconds(p.device_cost(members), oracles[name].unit)
+                                                    if members else 0.0
                                                     for name, p in priced.items()}})
     return out
 
@@ -135,12 +140,10 @@ def _time_sets(sets: list[dict], protocol: Protocol, workers: int, out: Path, de
                 yield Job(number, tuple(t for t, _ in pairs), record["batch"], protocol, tuple(p for _, p in pairs))
     done = 0
     with out.open("a") as handle:
-        for job, measurement in measure_many(jobs(), workers):
+        for job, measurement in measure_many(jobs(), workers, deadline=deadline):
             handle.write(json.dumps(_timed(sets[job.tag], measurement, revision)) + "\n")
             handle.flush()
             done += 1
-            if time.monotonic() > deadline:
-                break
     return done
 
 
@@ -162,13 +165,15 @@ def run(spec_path: Path, out: Path, seconds: float, workers: int, batch: int, co
     out.mkdir(parents=True, exist_ok=True)
     spec = json.loads(spec_path.read_text())
     protocol = Protocol()
-    (out / "env.json").write_text(json.dumps(probe(), indent=1) + "\n")
+    revision = spec.get("revision", "unknown")
+    env = {**probe(), "revision": revision, "workers": workers, "cpus": os.cpu_count()}
+    (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
     for name in ("plans", "shards"):
-        count = _time_sets(spec[name], protocol, workers, out / f"{name}.jsonl", deadline,
-                           spec.get("revision", "unknown"))
+        count = _time_sets(spec[name], protocol, workers, out / f"{name}.jsonl", deadline, revision)
         print(f"{name}: {count}/{len(spec[name])} sets timed at {time.monotonic() - start:.0f} s", flush=True)
     written = 0
-    with (out / "costs.jsonl").open("a") as handle:
+    # Compressed as it is written: the device hands back no file over 16 MiB, and 6,000 records are 24 MB.
+    with gzip.open(out / "costs.jsonl.gz", "at") as handle:
         for record in measured_records(combinations(combos, 15, seed), batch, replace(protocol, batch=batch),
                                        workers, deadline):
             handle.write(json.dumps(record) + "\n")
@@ -218,8 +223,15 @@ def _tau(x, y) -> float:
     return float(kendalltau(x, y).statistic)
 
 
-def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Path = DATASET,
-           page: Path = PAGE) -> str:
+TARGET_WINS = 0.9       # the issue's: ours no slower on >= 9 of 10 tasks
+TARGET_SPREAD = 0.02    # median repeat CV
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def _plans_section(plans: list[dict], page: Path) -> list[str]:
     import matplotlib
     import numpy as np
 
@@ -228,51 +240,34 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
 
     from benchmarks.pages import plot_line
 
-    from costmodels.dataset import load_dataset
-
-    plans, shards, env = _read(plans_path), _read(shards_path), json.loads(env_path.read_text())
-    dataset = load_dataset(dataset_path)
-    dataset_spread = [r["spread"] for r in dataset]
-    singles = [t for r in dataset for t in r["single_total_s"]]
-    eights = [r["total_s"] for r in dataset if len(r["dims"]) == 8]
-    fusion = [r["total_s"] / sum(r["single_total_s"]) for r in dataset if len(r["dims"]) >= 2]
-    neural = _neural_predictions(plan_sets())
-    for record in plans:
-        record["predicted_compute_s"].update(neural[(record["task"], record["plan"], record["rank"])])
     tasks = sorted({r["task"] for r in plans})
-    by = {(r["task"], r["plan"]): [] for r in plans}
+    by: dict[tuple[str, str], list[dict]] = {}
     for r in plans:
-        by[(r["task"], r["plan"])].append(r)
-    rows, ratios, wins = [], [], 0
-    for task in tasks:
-        theirs, ours = by[(task, "torchrec-planner")], by[(task, "ours")]
-        m_theirs, m_ours = max(r["total_s"] for r in theirs), max(r["total_s"] for r in ours)
-        ratio = m_theirs / m_ours
-        ratios.append(ratio)
-        wins += m_ours <= m_theirs
-        estimate = [max(r["predicted_compute_s"]["torchrec"] for r in side) for side in (theirs, ours)]
-        rows.append(f"| {task} | {m_theirs * 1e3:.3f} | {m_ours * 1e3:.3f} ({ours[0]['solver']}) | {ratio:.3f} | "
-                    f"{estimate[0]:.2f} / {estimate[1]:.2f} | {theirs[0]['objective']:.2f} / {ours[0]['objective']:.2f} |")
-    plan_keys = sorted(by)
-    measured_max = [max(r["total_s"] for r in by[k]) for k in plan_keys]
-    tau_lines = []
-    for name in PREDICTORS:
-        over_plans = _tau(measured_max, [max(r["predicted_compute_s"][name] for r in by[k]) for k in plan_keys])
-        nonempty = [r for r in plans if r["tables"]]
-        over_sets = _tau([r["total_s"] for r in nonempty], [r["predicted_compute_s"][name] for r in nonempty])
-        tau_lines.append(f"| {name} | {over_plans:.3f} | {over_sets:.3f} |")
-    spreads = {name: float(np.median([r["spread"] for r in data])) for name, data in (("plans", plans), ("shards", shards))}
-    variants = list(dict.fromkeys(r["variant"] for r in shards))
-    by_table: dict[int, dict[str, dict]] = {}
-    for r in shards:
-        by_table.setdefault(r["pool_index"], {})[r["variant"]] = r
-    shard_rows = [f"| {index} | {cells['whole']['total_s'] * 1e3:.3f} | "
-                  + " | ".join(f"{cells[v]['total_s'] / cells['whole']['total_s']:.2f}" if v in cells else "—"
-                               for v in variants[1:]) + " |" for index, cells in by_table.items()]
+        by.setdefault((r["task"], r["plan"]), []).append(r)
+
+    def worst(key, what=lambda r: r["total_s"]) -> float:
+        return max(what(r) for r in by[key])
+
+    def estimate(key) -> float:
+        return worst(key, lambda r: r["predicted_compute_s"]["torchrec"])
+
+    ratios = [worst((t, "torchrec-planner")) / worst((t, "ours")) for t in tasks]
+    wins = sum(r >= 1 for r in ratios)
+    predicted_wins = sum(estimate((t, "ours")) < estimate((t, "torchrec-planner")) for t in tasks)
+    slower = [r["predicted_compute_s"]["torchrec"] / r["total_s"] for r in plans if r["tables"]]
+    rows = [f"| {t} | {worst((t, 'torchrec-planner')) * 1e3:.3f} | {worst((t, 'ours')) * 1e3:.3f} "
+            f"({by[(t, 'ours')][0]['solver']}) | {ratio:.3f} | {estimate((t, 'torchrec-planner')) * 1e3:.2f} / "
+            f"{estimate((t, 'ours')) * 1e3:.2f} | {by[(t, 'torchrec-planner')][0]['objective']:.2f} / "
+            f"{by[(t, 'ours')][0]['objective']:.2f} |" for t, ratio in zip(tasks, ratios)]
+    keys = sorted(by)
+    sets = [r for r in plans if r["tables"]]
+    taus = [f"| {name} | {_tau([worst(k) for k in keys], [worst(k, lambda r: r['predicted_compute_s'][name]) for k in keys]):.3f} | "
+            f"{_tau([r['total_s'] for r in sets], [r['predicted_compute_s'][name] for r in sets]):.3f} |"
+            for name in PREDICTORS]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(tasks))
     for offset, (label, side) in zip((-0.2, 0.2), (("TorchRec's planner", "torchrec-planner"), ("ours", "ours"))):
-        ax.bar(x + offset, [max(r["total_s"] for r in by[(t, side)]) * 1e3 for t in tasks], 0.4, label=label)
+        ax.bar(x + offset, [worst((t, side)) * 1e3 for t in tasks], 0.4, label=label)
     ax.set_xticks(x, [t.rsplit("-", 1)[-1] for t in tasks])
     ax.set_xlabel("vs-torchrec-80x8 task")
     ax.set_ylabel("measured max-rank compute (ms)")
@@ -282,17 +277,7 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
     page.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(plot, dpi=110)
     plt.close(fig)
-    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
-    revision = env.get("revision", "not recorded")[:7]
-    text = "\n".join([
-        "# Plans and shards timed on an NVIDIA H200", "",
-        f"Measured with `python -m benchmarks.gpu run` at revision {revision} on {env['device']} ({env['multiprocessors']} "
-        f"SMs, {env['l2_bytes'] / 2**20:.0f} MiB L2; {versions}; Python {env['python']}): FBGEMM's TBE, fp16 "
-        "weights, SGD fused into the backward, AutoShard's protocol (5 warm-ups, 10 timed runs each after a "
-        "256 MiB write that flushes the L2, CUDA events, the mean of the middle 6). Inputs are synthesised from "
-        "each table's pooling factor and reuse bins. Data: `benchmarks/results/gpu-h200-plans.jsonl`, "
-        "`gpu-h200-shards.jsonl`, `gpu-h200-env.json`; the cost dataset is `costmodels/data/h200_costs.jsonl.gz` "
-        "(its fidelity: [oracles/fidelity.md](oracles/fidelity.md)).", "",
+    return [
         "## Our plans against TorchRec's, rank by rank", "",
         f"Each of the {len(tasks)} `vs-torchrec-80x8` tasks (80 tables, 8 ranks, batch 65,536 per rank): TorchRec's "
         "planner's plan and our best stored plan at 10 s (both from `benchmarks/results/vs-torchrec-80x8.jsonl`), "
@@ -300,17 +285,30 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
         "to time, so the max-rank compute below is not the step time, and the plans were chosen under TorchRec's "
         "estimator, whose objective includes communication. Data-parallel tables are timed as a fused TBE over "
         "the rank's local batch (TorchRec runs them on its dense kernel, with an all-reduce).", "",
-        f"Ours is no slower than TorchRec's on **{wins}/{len(tasks)}** tasks (target 9/10: not met); TorchRec's "
-        f"max-rank compute / ours: median {np.median(ratios):.3f}, range {min(ratios):.3f}–{max(ratios):.3f}. "
-        "TorchRec's estimator, which chose both plans, predicts ours faster on every task (its compute is at its "
-        "default HBM bandwidth, about 5× slower than this GPU runs).", "",
-        "| task | TorchRec's plan, measured max-rank compute (ms) | ours (ms) | TorchRec's / ours | TorchRec's estimator, max-rank compute (ms): TorchRec's / ours | stored objective under TorchRec's estimator (ms): TorchRec's / ours |",
-        "|---|---|---|---|---|---|", *rows, "",
+        f"Ours is no slower than TorchRec's on **{wins}/{len(tasks)}** tasks (target {TARGET_WINS:.0%} of them: "
+        f"{_met(wins >= TARGET_WINS * len(tasks))}); TorchRec's max-rank compute / ours: median "
+        f"{np.median(ratios):.3f}, range {min(ratios):.3f}–{max(ratios):.3f}. TorchRec's estimator, which chose "
+        f"both plans, predicts ours faster on {predicted_wins}/{len(tasks)}; its compute (at its default HBM "
+        f"bandwidth) is {min(slower):.1f}–{max(slower):.1f}× what this GPU's events show.", "",
+        "| task | TorchRec's plan, measured max-rank compute (ms) | ours (ms) | TorchRec's / ours | TorchRec's "
+        "estimator, max-rank compute (ms): TorchRec's / ours | stored objective under TorchRec's estimator (ms): "
+        "TorchRec's / ours |", "|---|---|---|---|---|---|", *rows, "",
         plot_line(page, plot, "measured max-rank compute of TorchRec's plan and ours on each task"), "",
-        "How well each cost model ranks what was measured (Kendall τ), over the "
-        f"{len(plan_keys)} plans' max-rank compute and over the {sum(1 for r in plans if r['tables'])} rank sets (the networks were trained at batch 16,384 and priced here at 65,536: only "
-        "their ranking is meaningful):", "",
-        "| predictor | τ over plans | τ over rank sets |", "|---|---|---|", *tau_lines, "",
+        f"How well each cost model ranks what was measured (Kendall τ), over the {len(keys)} plans' max-rank "
+        f"compute and over the {len(sets)} rank sets (the networks were trained at batch 16,384 and priced here "
+        "at 65,536: only their ranking is meaningful):", "",
+        "| predictor | τ over plans | τ over rank sets |", "|---|---|---|", *taus, ""]
+
+
+def _shards_section(shards: list[dict]) -> list[str]:
+    variants = list(dict.fromkeys(r["variant"] for r in shards))
+    by_table: dict[int, dict[str, dict]] = {}
+    for r in shards:
+        by_table.setdefault(r["pool_index"], {})[r["variant"]] = r
+    rows = [f"| {index} | {cells['whole']['total_s'] * 1e3:.3f} | "
+            + " | ".join(f"{cells[v]['total_s'] / cells['whole']['total_s']:.2f}" if v in cells else "—"
+                         for v in variants[1:]) + " |" for index, cells in by_table.items()]
+    return [
         "## Shards and host memory", "",
         f"The {len(by_table)} heaviest pool tables (rows × pooling) at dim {HEAVY_DIM}, batch {SHARD_BATCH:,}: the "
         "whole table in HBM (ms), and each variant's time relative to it. Column shards keep every lookup with "
@@ -318,12 +316,28 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
         "read over UVM; `cached@f` adds an HBM cache of f of its rows. Each timed run reads the batch moved to "
         "other rows, so a cache hits only reuse within a batch: a pessimistic hit rate.", "",
         "| pool table | whole (ms) | " + " | ".join(variants[1:]) + " |",
-        "|---|---|" + "---|" * (len(variants) - 1), *shard_rows, "",
+        "|---|---|" + "---|" * (len(variants) - 1), *rows, ""]
+
+
+def _timing_section(plans: list[dict], shards: list[dict], dataset: list[dict], env: dict) -> list[str]:
+    import numpy as np
+
+    median_spread = {name: float(np.median([r["spread"] for r in data]))
+                     for name, data in (("plans", plans), ("shards", shards), ("dataset", dataset))}
+    singles = [t for r in dataset for t in r["single_total_s"]]
+    eights = [r["total_s"] for r in dataset if len(r["dims"]) == 8]
+    fusion = [r["total_s"] / sum(r["single_total_s"]) for r in dataset if len(r["dims"]) >= 2]
+    worst = {}
+    for r in plans:
+        worst[(r["task"], r["plan"])] = max(worst.get((r["task"], r["plan"]), 0.0), r["total_s"])
+    apart = [abs(1 - worst[(t, "torchrec-planner")] / worst[(t, "ours")]) for t, side in worst if side == "ours"]
+    return [
         "## Repeat spread", "",
-        f"Median coefficient of variation of the 10 timed runs: {spreads['plans']:.1%} over the plan rank sets, "
-        f"{spreads['shards']:.1%} over the shard sets (target ≤ 2 %: not met); the cost dataset's is on the "
-        f"fidelity page ({np.median(dataset_spread):.0%}). The input-building processes (14 on 16 cores) ran "
-        "beside the timing process.", "",
+        f"Median coefficient of variation of the 10 timed runs: {median_spread['plans']:.1%} over the plan rank "
+        f"sets, {median_spread['shards']:.1%} over the shard sets, {median_spread['dataset']:.1%} over the cost "
+        f"dataset (target ≤ {TARGET_SPREAD:.0%}: {_met(max(median_spread.values()) <= TARGET_SPREAD)}). "
+        + (f"{env['workers']} input-building processes ran beside the timing process on {env['cpus']} cores."
+           if "workers" in env else "Input-building processes ran beside the timing process."), "",
         "## What these timings are, and are not", "",
         "CUDA events time the GPU's timeline between two marks, idle gaps included. At these sizes the gaps "
         f"dominate: one pool table at batch {dataset[0]['batch']:,} times at a median {np.median(singles) * 1e3:.2f} "
@@ -331,11 +345,36 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
         f"costs: a median {np.median(fusion):.3f}), while reading its rows takes microseconds at this GPU's "
         "bandwidth — what is measured is mostly the host launching FBGEMM's kernels, slowed and jittered by the "
         "processes beside it. That is why no cost model ranks the dataset well (the fidelity page) and why the "
-        f"plan comparison above (max-rank compute {min(measured_max) * 1e3:.1f}–{max(measured_max) * 1e3:.1f} ms, "
-        "the two plans apart by "
-        f"{min(abs(1 - r) for r in ratios):.1%}–{max(abs(1 - r) for r in ratios):.1%}) says little about the GPU "
-        "itself. The next GPU run should time kernels, not the timeline (the profiler's kernel durations, or "
-        "launch latency hidden behind a busy stream), with the input builders kept off the timing core.", ""])
+        f"plan comparison above (max-rank compute {min(worst.values()) * 1e3:.1f}–{max(worst.values()) * 1e3:.1f} "
+        f"ms, the two plans apart by {min(apart):.1%}–{max(apart):.1%}) says little about the GPU itself. The next "
+        "GPU run should time kernels, not the timeline (the profiler's kernel durations, or launch latency "
+        "hidden behind a busy stream), with the input builders kept off the timing core.", ""]
+
+
+def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Path = DATASET,
+           page: Path = PAGE, sets: list[dict] | None = None) -> str:
+    """The results page, from the committed measurements (and the networks' predictions for `sets`, the
+    rank sets `plan_sets` cuts, computed here when not given)."""
+    from benchmarks.pages import short_revision
+    from costmodels.dataset import load_dataset
+
+    plans, shards, env = _read(plans_path), _read(shards_path), json.loads(env_path.read_text())
+    neural = _neural_predictions(sets if sets is not None else plan_sets())
+    for record in plans:
+        record["predicted_compute_s"].update(neural[(record["task"], record["plan"], record["rank"])])
+    versions = ", ".join(f"{k} {v}" for k, v in env["versions"].items())
+    lines = [
+        "# Plans and shards timed on an NVIDIA H200", "",
+        f"Measured with `python -m benchmarks.gpu run` at revision {short_revision(env.get('revision'))} on "
+        f"{env['device']} ({env['multiprocessors']} SMs, {env['l2_bytes'] / 2**20:.0f} MiB L2; {versions}; Python "
+        f"{env['python']}): FBGEMM's TBE, fp16 weights, SGD fused into the backward, AutoShard's protocol (5 "
+        "warm-ups, 10 timed runs each after a 256 MiB write that flushes the L2, CUDA events, the mean of the "
+        "middle 6). Inputs are synthesised from each table's pooling factor and reuse bins. Data: "
+        "`benchmarks/results/gpu-h200-plans.jsonl`, `gpu-h200-shards.jsonl`, `gpu-h200-env.json`; the cost "
+        f"dataset is `{dataset_path}` (its fidelity: [oracles/fidelity.md](oracles/fidelity.md)).", "",
+        *_plans_section(plans, page), *_shards_section(shards),
+        *_timing_section(plans, shards, load_dataset(dataset_path), env)]
+    text = "\n".join(lines)
     page.write_text(text)
     return text
 

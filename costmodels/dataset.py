@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -71,8 +70,8 @@ def _record(combo: dict, tables: list[Table], together: Measurement, singles: li
 def measured_records(combos: Iterable[dict], batch: int, protocol: Protocol, workers: int = 0,
                      deadline: float | None = None) -> Iterator[dict]:
     """Dataset records for `combos`, in order, timed one at a time on this process's device while `workers`
-    processes build the inputs ahead; each table alone is timed once. No combination is started after
-    `deadline` (time.monotonic()); every record yielded is complete."""
+    processes build the inputs ahead; each table alone is timed once. Nothing is timed after `deadline`
+    (time.monotonic()); every record yielded is complete."""
     seen: set[tuple[int, int]] = set()
     singles: dict[tuple[int, int], Measurement] = {}
 
@@ -80,13 +79,13 @@ def measured_records(combos: Iterable[dict], batch: int, protocol: Protocol, wor
         for combo in combos:
             tables = combination_tables(combo)
             yield Job(("together", combo), tuple(tables), batch, protocol)
-            for key, table in zip(zip(combo["pool_indices"], combo["dims"]), tables):
+            for key, table in zip(_keys(combo), tables):
                 if key not in seen:
                     seen.add(key)
                     yield Job(("single", key), (table,), batch, protocol)
 
     current = None
-    for job, measurement in measure_many(jobs(), workers):
+    for job, measurement in measure_many(jobs(), workers, deadline=deadline):
         kind, ref = job.tag
         if kind == "single":
             singles[ref] = measurement
@@ -94,16 +93,17 @@ def measured_records(combos: Iterable[dict], batch: int, protocol: Protocol, wor
         if current is not None:  # its singles came before this job: it is complete
             yield _finish(current, singles, batch, protocol)
         current = (ref, job.tables, measurement)
-        if deadline is not None and time.monotonic() > deadline:
-            return
-    if current is not None:
-        yield _finish(current, singles, batch, protocol)
+    if current is not None and all(key in singles for key in _keys(current[0])):
+        yield _finish(current, singles, batch, protocol)  # the last one, unless the deadline cut its singles
+
+
+def _keys(combo: dict) -> list[tuple[int, int]]:
+    return list(zip(combo["pool_indices"], combo["dims"]))
 
 
 def _finish(current, singles, batch: int, protocol: Protocol) -> dict:
     combo, tables, together = current
-    keys = zip(combo["pool_indices"], combo["dims"])
-    return _record(combo, list(tables), together, [singles[k] for k in keys], batch, protocol)
+    return _record(combo, list(tables), together, [singles[k] for k in _keys(combo)], batch, protocol)
 
 
 def collect(out: Path, count: int, max_tables: int, batch: int, seed: int, protocol: Protocol,

@@ -1,7 +1,8 @@
 """The measured oracle: a device's forward and backward time, timed on a real FBGEMM table-batched
-embedding operator built from its tables (fbgemm-gpu on CUDA, fp16, each kernel where TorchRec puts it;
-fbgemm-gpu-cpu on CPU, fp32, every table on the host), with inputs synthesised to match each table's pooling
-factor and reuse bins. Timing follows AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush
+embedding operator built from its tables.
+
+fbgemm-gpu on CUDA (fp16, each kernel where TorchRec puts it), fbgemm-gpu-cpu on CPU (fp32, every table on
+the host), with inputs synthesised to match each table's pooling factor and reuse bins. Timing follows AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush
 (a write larger than the last-level cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left
 after dropping the 2 highest and 2 lowest. Communication is the analytic term (one process sees no network);
 the cached record says so. Measurements are cached on disk by table set, placement, device and versions."""
@@ -30,7 +31,10 @@ from .base import DeviceCost, Oracle, Priced
 
 CPU_FLUSH_BYTES = 64 << 20   # larger than this machine's 32 MiB L3; see flush()
 CUDA_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (an H200 has 60 MB)
-MEASURE_VERSION = 3          # bump when the protocol changes, so old cache entries are not reused
+# Bump when a protocol changes, so old cache entries are not reused: the CPU's has not changed since 2; on
+# CUDA, 3 brought CUDA events and placements.
+CPU_PROTOCOL_VERSION = 2
+CUDA_PROTOCOL_VERSION = 3
 
 
 class MeasurementUnavailable(RuntimeError):
@@ -119,10 +123,11 @@ def environment() -> tuple[str, dict]:
     import fbgemm_gpu
     import torch
 
-    versions = {"torch": torch.__version__, "fbgemm_gpu": fbgemm_gpu.__version__, "protocol": MEASURE_VERSION}
+    versions = {"torch": torch.__version__, "fbgemm_gpu": fbgemm_gpu.__version__}
     if not torch.cuda.is_available():
-        return f"cpu:{cpu_model()}", versions
-    return f"cuda:{torch.cuda.get_device_name(0)}", {**versions, "cuda": torch.version.cuda, "driver": gpu_driver()}
+        return f"cpu:{cpu_model()}", {**versions, "protocol": CPU_PROTOCOL_VERSION}
+    return f"cuda:{torch.cuda.get_device_name(0)}", {**versions, "protocol": CUDA_PROTOCOL_VERSION,
+                                                      "cuda": torch.version.cuda, "driver": gpu_driver()}
 
 
 @lru_cache(maxsize=1)
@@ -202,6 +207,18 @@ def synthesize_inputs(tables: Sequence[Table], batch: int, protocol: Protocol, c
                   np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
+def group_lookups(inputs: Inputs, batch: int, members: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The lookups of the tables `members` (in that order) as one TBE takes them: indices, offsets, and the
+    rows of the table each lookup reads."""
+    bounds = inputs.offsets[np.arange(len(inputs.rows) + 1) * batch]
+    lengths = np.diff(inputs.offsets)
+    indices = np.concatenate([inputs.indices[bounds[i]:bounds[i + 1]] for i in members])
+    member_lengths = np.concatenate([lengths[i * batch:(i + 1) * batch] for i in members])
+    offsets = np.concatenate([[0], np.cumsum(member_lengths)]).astype(np.int64)
+    rows = np.repeat([inputs.rows[i] for i in members], [bounds[i + 1] - bounds[i] for i in members])
+    return indices, offsets, rows
+
+
 def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol(),
             placements: Sequence[Placement] | None = None, inputs: Inputs | None = None) -> Measurement:
     """Times forward and backward (with the fused SGD update) of `tables`: one TBE per placement, as
@@ -219,7 +236,8 @@ def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()
     if not cuda:
         placements = [HBM] * len(tables)
     device_name, versions = environment()
-    inputs = inputs or synthesize_inputs(tables, batch, protocol, cuda)
+    if inputs is None:
+        inputs = synthesize_inputs(tables, batch, protocol, cuda)
     location = {FUSED: EmbeddingLocation.DEVICE, FUSED_UVM: EmbeddingLocation.MANAGED,
                 FUSED_UVM_CACHING: EmbeddingLocation.MANAGED_CACHING}
     previous_threads = torch.get_num_threads()
@@ -231,29 +249,23 @@ def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()
         groups: dict[Placement, list[int]] = {}
         for i, placement in enumerate(placements):
             groups.setdefault(placement, []).append(i)
-        bounds = inputs.offsets[np.arange(len(tables) + 1) * batch]
-        indices = torch.from_numpy(inputs.indices).to(target)
-        lengths = np.diff(inputs.offsets)
-        ops, group_inputs = [], []
-        for placement, members in groups.items():
-            specs = [(inputs.rows[i], tables[i].dim,
-                      location[placement.kernel] if cuda and placement.kernel != "dense" else
-                      (EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST),
-                      ComputeDevice.CUDA if cuda else ComputeDevice.CPU) for i in members]
-            extra = {"cache_load_factor": placement.load_factor} if placement.kernel == FUSED_UVM_CACHING else {}
-            ops.append(TBE(embedding_specs=specs, optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.01,
-                           pooling_mode=PoolingMode.SUM,
-                           weights_precision=SparseType.FP16 if cuda else SparseType.FP32, **extra))
-            pieces = torch.cat([indices[bounds[i]:bounds[i + 1]] for i in members])
-            member_lengths = np.concatenate([lengths[i * batch:(i + 1) * batch] for i in members])
-            offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(member_lengths)]).astype(np.int64)).to(target)
-            row_of_lookup = torch.from_numpy(np.repeat([inputs.rows[i] for i in members],
-                                                       [bounds[i + 1] - bounds[i] for i in members])).to(target)
-            group_inputs.append((pieces, offsets, row_of_lookup, sum(tables[i].dim for i in members)))
         # A cache would otherwise hold exactly the rows a repeated batch reads from the second run on: each
         # run reads the same pattern moved to other rows (seeded), so only reuse within a batch hits.
         moves = any(p.kernel == FUSED_UVM_CACHING for p in groups)
         shifts = np.random.default_rng(protocol.seed + 1).integers(0, 1 << 40, protocol.warmups + protocol.runs)
+        ops, group_inputs = [], []
+        for placement, members in groups.items():
+            where = location.get(placement.kernel, EmbeddingLocation.DEVICE) if cuda else EmbeddingLocation.HOST
+            specs = [(inputs.rows[i], tables[i].dim, where, ComputeDevice.CUDA if cuda else ComputeDevice.CPU)
+                     for i in members]
+            extra = {"cache_load_factor": placement.load_factor} if placement.kernel == FUSED_UVM_CACHING else {}
+            ops.append(TBE(embedding_specs=specs, optimizer=EmbOptimType.EXACT_SGD, learning_rate=0.01,
+                           pooling_mode=PoolingMode.SUM,
+                           weights_precision=SparseType.FP16 if cuda else SparseType.FP32, **extra))
+            indices, offsets, rows = group_lookups(inputs, batch, members)
+            group_inputs.append((torch.from_numpy(indices).to(target), torch.from_numpy(offsets).to(target),
+                                 torch.from_numpy(rows).to(target) if moves else None,
+                                 sum(tables[i].dim for i in members)))
         flush_buffer = torch.zeros((CUDA_FLUSH_BYTES if cuda else CPU_FLUSH_BYTES) // 4, device=target)
         grads = [torch.ones((batch, width), device=target) for *_, width in group_inputs]
         forward_runs, backward_runs = [], []
@@ -305,24 +317,31 @@ class Job:
     placements: tuple[Placement, ...] | None = None
 
 
-def _synthesize_job(job: Job, cuda: bool) -> Inputs:
-    return synthesize_inputs(job.tables, job.batch, job.protocol, cuda)
-
-
-def measure_many(jobs: Iterable[Job], workers: int = 0, lookahead: int = 32) -> Iterator[tuple[Job, Measurement]]:
+def measure_many(jobs: Iterable[Job], workers: int = 0, lookahead: int = 32,
+                 deadline: float | None = None) -> Iterator[tuple[Job, Measurement]]:
     """Times the jobs in order, one at a time on this process's device, while `workers` processes build
     the next jobs' inputs (the device never waits on numpy). Measurements are identical to `measure`'s:
-    the inputs come from the same seed."""
+    the inputs come from the same seed. No job is timed after `deadline` (time.monotonic())."""
     import torch
+
+    def expired() -> bool:
+        return deadline is not None and time.monotonic() > deadline
 
     cuda = torch.cuda.is_available()
     if workers <= 0:
         for job in jobs:
+            if expired():
+                return
             yield job, measure(job.tables, job.batch, job.protocol, job.placements)
+        return
+    if expired():
         return
     import multiprocessing
     from collections import deque
     from concurrent.futures import ProcessPoolExecutor
+
+    def submit(job: Job):
+        return pool.submit(synthesize_inputs, job.tables, job.batch, job.protocol, cuda)
 
     # spawn, not fork: a forked child of a process that has touched CUDA cannot use it, nor should it try.
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"))
@@ -330,17 +349,17 @@ def measure_many(jobs: Iterable[Job], workers: int = 0, lookahead: int = 32) -> 
         pending: deque = deque()
         queued = iter(jobs)
         for job in queued:
-            pending.append((job, pool.submit(_synthesize_job, job, cuda)))
+            pending.append((job, submit(job)))
             if len(pending) >= lookahead:
                 break
-        while pending:
+        while pending and not expired():
             job, future = pending.popleft()
             inputs = future.result()
             following = next(queued, None)
             if following is not None:
-                pending.append((following, pool.submit(_synthesize_job, following, cuda)))
+                pending.append((following, submit(following)))
             yield job, measure(job.tables, job.batch, job.protocol, job.placements, inputs)
-    finally:  # a caller that stops early (a deadline) does not wait for inputs it will not time
+    finally:  # a caller that stops early does not wait for inputs it will not time
         pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -374,6 +393,8 @@ class MeasurementCache:
     def get_or_measure(self, tables: Sequence[Table], batch: int, protocol: Protocol,
                        placements: Sequence[Placement] | None = None, inputs: Inputs | None = None) -> Measurement:
         device, versions = environment()
+        if not device.startswith("cuda:"):  # a CPU times every table on the host, wherever its kernel puts it
+            placements = None
         path = self.folder / f"{cache_key(tables, batch, protocol, device, versions, placements)}.json"
         if path.exists():
             return Measurement(**{k: tuple(v) if k.endswith("_runs") else v for k, v in json.loads(path.read_text()).items()})

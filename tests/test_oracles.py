@@ -21,6 +21,7 @@ from costmodels.measured import (
     Placement,
     Protocol,
     cache_key,
+    group_lookups,
     measure,
     measure_many,
     piece_placements,
@@ -169,7 +170,9 @@ def test_placements_key_the_cache_apart_and_are_checked(tmp_path):
     plain = cache_key([table], 64, TINY, device, versions)
     assert cache_key([table], 64, TINY, device, versions, [Placement()]) == plain
     cached = cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM_CACHING, 0.2)])
-    assert cached != plain != cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM)])
+    other = cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM_CACHING, 0.3)])
+    uvm = cache_key([table], 64, TINY, device, versions, [Placement(FUSED_UVM)])
+    assert len({plain, cached, other, uvm}) == 4
     with pytest.raises(ValueError, match="load factor"):
         Placement(FUSED_UVM_CACHING, 0.0)
     with pytest.raises(ValueError, match="unknown kernel"):
@@ -178,13 +181,53 @@ def test_placements_key_the_cache_apart_and_are_checked(tmp_path):
     assert measure([table], 64, TINY, [Placement(FUSED_UVM_CACHING, 0.2)]).total_s > 0
 
 
-def test_measured_oracle_reads_each_pieces_kernel_and_load_factor():
+def test_measured_oracle_reads_each_pieces_kernel_and_load_factor(tmp_path, monkeypatch):
     instance = _pool_instance([0, 5], [16, 32])
     plan = Plan("p", (TableSharding("table_wise", (Shard(0, (0, instance.tables[0].rows), (0, 16)),),
                                     FUSED_UVM_CACHING, 0.3),
                       TableSharding("table_wise", (Shard(1, (0, instance.tables[1].rows), (0, 32)),))))
     pieces, _ = Pieces.of_plan(instance, plan)
     assert piece_placements(pieces) == [Placement(FUSED_UVM_CACHING, 0.3), Placement()]
+    oracle = MeasuredOracle(TINY, MeasurementCache(tmp_path))
+    asked = []
+    monkeypatch.setattr(oracle.cache, "get_or_measure",
+                        lambda tables, batch, protocol, placements=None: asked.append(placements) or
+                        measure(tables, batch, protocol))
+    oracle.bind(instance, pieces).device_cost([0, 1])
+    assert asked == [[Placement(FUSED_UVM_CACHING, 0.3), Placement()]]
+
+
+def test_grouped_lookups_rebuild_each_tables_batch():
+    pool = dlrm_pool()
+    tables = [pool[i].as_table(16, 2) for i in (1, 2, 3)]
+    inputs = synthesize_inputs(tables, 64, TINY, cuda=False)
+    alone = [group_lookups(inputs, 64, [i]) for i in range(3)]
+    indices, offsets, rows = group_lookups(inputs, 64, [2, 0])
+    assert np.array_equal(indices, np.concatenate([alone[2][0], alone[0][0]]))
+    assert np.array_equal(np.diff(offsets), np.concatenate([np.diff(alone[2][1]), np.diff(alone[0][1])]))
+    assert offsets.size == 2 * 64 + 1 and offsets[-1] == indices.size
+    assert np.array_equal(rows, np.repeat([inputs.rows[2], inputs.rows[0]], [alone[2][0].size, alone[0][0].size]))
+    everything = group_lookups(inputs, 64, [0, 1, 2])  # one TBE, as on a CPU: the batch as it was built
+    assert np.array_equal(everything[0], inputs.indices) and np.array_equal(everything[1], inputs.offsets)
+
+
+def test_measure_many_times_nothing_after_its_deadline(monkeypatch):
+    ticks = iter(range(1000))
+    monkeypatch.setattr(measured_module.time, "monotonic", lambda: next(ticks))
+    pool = dlrm_pool()
+    jobs = [Job(k, (pool[k].as_table(16, 2),), 64, TINY) for k in range(5)]
+    assert [job.tag for job, _ in measure_many(jobs, deadline=1.5)] == [0, 1]  # clock 0, 1; 2 is past it
+
+
+def test_a_deadline_between_a_combinations_singles_drops_it(monkeypatch):
+    combos = list(combinations(2, 3, seed=1))
+    first = len(set(zip(combos[0]["pool_indices"], combos[0]["dims"])))
+    assert set(zip(combos[1]["pool_indices"], combos[1]["dims"])) - set(zip(combos[0]["pool_indices"], combos[0]["dims"]))
+    ticks = iter(range(1000))
+    monkeypatch.setattr(measured_module.time, "monotonic", lambda: next(ticks))
+    # the first combination and its singles, then the second one together, then the deadline
+    records = list(measured_records(combos, 64, TINY, deadline=first + 1.5))
+    assert [r["id"] for r in records] == [combos[0]["id"]]
 
 
 def test_a_gzipped_dataset_reads_as_its_text_and_a_broken_one_is_named(tmp_path):
