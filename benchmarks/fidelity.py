@@ -14,7 +14,8 @@ import numpy as np
 from costmodels.analytic import AnalyticOracle
 from costmodels.dataset import combination_tables, load_dataset
 from costmodels.neural import TrainedModel, accuracy, predict_total, shipped_model_path
-from instances import Instance, Topology, Workload
+from costmodels.base import DeviceCost, Oracle
+from instances import Instance, Table, Topology, Workload
 from instances.pieces import Pieces
 
 from .pages import plot_line
@@ -36,9 +37,20 @@ DATASETS = (
 )
 
 
+def one_device(tables: tuple[Table, ...], batch: int, device_kind: str = "gpu") -> Instance:
+    """Tables that were timed together, as the one device of an instance: how an oracle prices the set."""
+    return Instance("fidelity", tables, Topology(1, 1, 1 << 50, device_kind=device_kind), Workload(batch_size=batch))
+
+
+def compute_seconds(cost: DeviceCost, oracle: Oracle) -> float:
+    """A device's forward and backward compute in seconds, what a timing measures (an oracle without a
+    breakdown gives its total: AutoShard's network predicts compute alone)."""
+    compute = cost.forward_compute + cost.backward_compute if oracle.has_breakdown else cost.total
+    return compute * {"ms": 1e-3, "s": 1.0}[oracle.unit]
+
+
 def _one_device(record: dict, device_kind: str) -> Instance:
-    return Instance("fidelity", tuple(combination_tables(record)), Topology(1, 1, 1 << 50, device_kind=device_kind),
-                    Workload(batch_size=record["batch"]))
+    return one_device(tuple(combination_tables(record)), record["batch"], device_kind)
 
 
 def analytic_compute_seconds(record: dict, device_kind: str) -> float:
@@ -51,12 +63,11 @@ def torchrec_compute_seconds(records: list[dict]) -> np.ndarray:
     from costmodels import get_oracle
 
     oracle = get_oracle("torchrec")
-    scale = {"ms": 1e-3, "s": 1.0}[oracle.unit]
     out = []
     for record in records:
         instance = _one_device(record, "gpu")
         cost = oracle.bind(instance, Pieces.table_wise(instance)).device_cost(list(range(instance.num_tables)))
-        out.append((cost.forward_compute + cost.backward_compute) * scale)
+        out.append(compute_seconds(cost, oracle))
     return np.array(out)
 
 

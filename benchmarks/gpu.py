@@ -45,13 +45,10 @@ def spec_table(spec: dict) -> tuple[Table, Placement]:
 # ---------------------------------------------------------------- prepare (here)
 
 
-def _compute_seconds(cost, unit: str) -> float:
-    return (cost.forward_compute + cost.backward_compute) * {"ms": 1e-3, "s": 1.0}[unit]
-
-
 def plan_sets() -> list[dict]:
     """For each task, TorchRec's planner's plan and our best stored plan at 10 s, each cut into its ranks'
     shard sets, with each rank's compute as TorchRec's estimator and `analytic` predict it."""
+    from benchmarks.fidelity import compute_seconds
     from benchmarks.store import read_records
     from benchmarks.suite import load_suites
     from costmodels import get_oracle
@@ -83,7 +80,7 @@ def plan_sets() -> list[dict]:
                 out.append({"task": task, "plan": label, "solver": record["solver"], "rank": rank,
                             "objective": record["objective"], "batch": instance.workload.batch_size,
                             "tables": [table_spec(tables[m], placements[m]) for m in members],
-                            "predicted_compute_s": {name: _compute_seconds(p.device_cost(members), oracles[name].unit)
+                            "predicted_compute_s": {name: compute_seconds(p.device_cost(members), oracles[name])
                                                     if members else 0.0
                                                     for name, p in priced.items()}})
     return out
@@ -197,9 +194,9 @@ def _read(path: Path) -> list[dict]:
 
 
 def _neural_predictions(sets: list[dict]) -> dict[tuple, dict[str, float]]:
-    """Each rank set priced by the GPU-trained networks: its tables as one device of one-device instance."""
+    """Each rank set priced by the GPU-trained networks, its tables as one device."""
+    from benchmarks.fidelity import compute_seconds, one_device
     from costmodels import get_oracle
-    from instances import Instance, Topology, Workload
     from instances.pieces import Pieces
 
     oracles = {name: get_oracle(name) for name in PREDICTORS if name.startswith("neural")}
@@ -210,12 +207,10 @@ def _neural_predictions(sets: list[dict]) -> dict[tuple, dict[str, float]]:
         if not tables:
             out[key] = {name: 0.0 for name in oracles}
             continue
-        instance = Instance("rank", tables, Topology(1, 1, 1 << 50), Workload(batch_size=record["batch"]))
+        instance = one_device(tables, record["batch"])
         pieces = Pieces.table_wise(instance)
-        costs = {name: o.bind(instance, pieces).device_cost(list(range(len(tables)))) for name, o in oracles.items()}
-        # DreamShard's network also predicts the device's all-to-all; only its compute heads compare with a timing
-        out[key] = {name: c.forward_compute + c.backward_compute if oracles[name].has_breakdown else c.total
-                    for name, c in costs.items()}
+        out[key] = {name: compute_seconds(o.bind(instance, pieces).device_cost(list(range(len(tables)))), o)
+                    for name, o in oracles.items()}
     return out
 
 
