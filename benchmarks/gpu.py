@@ -258,9 +258,16 @@ def _plans_section(plans: list[dict], page: Path) -> list[str]:
             f"{by[(t, 'ours')][0]['objective']:.2f} |" for t, ratio in zip(tasks, ratios)]
     keys = sorted(by)
     sets = [r for r in plans if r["tables"]]
-    taus = [f"| {name} | {_tau([worst(k) for k in keys], [worst(k, lambda r: r['predicted_compute_s'][name]) for k in keys]):.3f} | "
-            f"{_tau([r['total_s'] for r in sets], [r['predicted_compute_s'][name] for r in sets]):.3f} |"
-            for name in PREDICTORS]
+
+    def tau_row(name: str) -> str:
+        def guess(r: dict) -> float:
+            return r["predicted_compute_s"][name]
+
+        over_plans = _tau([worst(k) for k in keys], [worst(k, guess) for k in keys])
+        over_sets = _tau([r["total_s"] for r in sets], [guess(r) for r in sets])
+        return f"| {name} | {over_plans:.3f} | {over_sets:.3f} |"
+
+    taus = [tau_row(name) for name in PREDICTORS]
     fig, ax = plt.subplots(figsize=(9, 3.8))
     x = np.arange(len(tasks))
     for offset, (label, side) in zip((-0.2, 0.2), (("TorchRec's planner", "torchrec-planner"), ("ours", "ours"))):

@@ -2,9 +2,10 @@
 embedding operator built from its tables.
 
 fbgemm-gpu on CUDA (fp16, each kernel where TorchRec puts it), fbgemm-gpu-cpu on CPU (fp32, every table on
-the host), with inputs synthesised to match each table's pooling factor and reuse bins. Timing follows AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush
-(a write larger than the last-level cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left
-after dropping the 2 highest and 2 lowest. Communication is the analytic term (one process sees no network);
+the host), with inputs synthesised to match each table's pooling factor and reuse bins. Timing follows
+AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush (a write larger than the last-level
+cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left after dropping the 2 highest and 2
+lowest. Communication is the analytic term (one process sees no network);
 the cached record says so. Measurements are cached on disk by table set, placement, device and versions."""
 from __future__ import annotations
 
@@ -207,6 +208,14 @@ def synthesize_inputs(tables: Sequence[Table], batch: int, protocol: Protocol, c
                   np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64))
 
 
+def where_timed(placements: Sequence[Placement] | None, count: int, cuda: bool) -> list[Placement]:
+    """Where each of `count` tables is timed: in its placement on a GPU; on a CPU every table on the host,
+    wherever its kernel would put it (so placements do not tell CPU timings apart)."""
+    if placements is not None and len(placements) != count:
+        raise ValueError(f"{len(placements)} placements for {count} tables")
+    return list(placements) if cuda and placements is not None else [HBM] * count
+
+
 def group_lookups(inputs: Inputs, batch: int, members: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The lookups of the tables `members` (in that order) as one TBE takes them: indices, offsets, and the
     rows of the table each lookup reads."""
@@ -230,11 +239,7 @@ def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()
         raise MeasurementUnavailable("the measured oracle times pooled tables; use the analytic oracle for "
                                      "sequence tables")
     cuda = torch.cuda.is_available()
-    placements = list(placements) if placements is not None else [HBM] * len(tables)
-    if len(placements) != len(tables):
-        raise ValueError(f"{len(placements)} placements for {len(tables)} tables")
-    if not cuda:
-        placements = [HBM] * len(tables)
+    placements = where_timed(placements, len(tables), cuda)
     device_name, versions = environment()
     if inputs is None:
         inputs = synthesize_inputs(tables, batch, protocol, cuda)
@@ -393,8 +398,7 @@ class MeasurementCache:
     def get_or_measure(self, tables: Sequence[Table], batch: int, protocol: Protocol,
                        placements: Sequence[Placement] | None = None, inputs: Inputs | None = None) -> Measurement:
         device, versions = environment()
-        if not device.startswith("cuda:"):  # a CPU times every table on the host, wherever its kernel puts it
-            placements = None
+        placements = where_timed(placements, len(tables), device.startswith("cuda:"))
         path = self.folder / f"{cache_key(tables, batch, protocol, device, versions, placements)}.json"
         if path.exists():
             return Measurement(**{k: tuple(v) if k.endswith("_runs") else v for k, v in json.loads(path.read_text()).items()})
