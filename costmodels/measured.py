@@ -412,8 +412,7 @@ class MeasurementCache:
 
 def piece_placements(pieces: Pieces) -> list[Placement]:
     """Each piece's placement: its kernel, and its cache's load factor when it has one."""
-    return [Placement(KERNELS[k], float(lf) if KERNELS[k] == FUSED_UVM_CACHING else 0.0)
-            for k, lf in zip(pieces.kernel.tolist(), pieces.load_factor.tolist())]
+    return [Placement(kernel, load_factor or 0.0) for kernel, load_factor in pieces.kernel_names()]
 
 
 class MeasuredOracle(Oracle):

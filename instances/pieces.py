@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE
+from .kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE, KERNELS
 from .memory import storage
 from .model import SHARDING_TYPES, Instance, Table
 from .rowdist import row_source
@@ -62,6 +62,11 @@ class Pieces:
 
     def is_kernel(self, kernel: str) -> np.ndarray:
         return self.kernel == KERNEL_CODE[kernel]
+
+    def kernel_names(self) -> list[tuple[str, float | None]]:
+        """Each piece's kernel by name, with its cache's load factor (None but for fused_uvm_caching)."""
+        return [(KERNELS[k], float(f) if KERNELS[k] == FUSED_UVM_CACHING else None)
+                for k, f in zip(self.kernel.tolist(), self.load_factor.tolist())]
 
     def __len__(self) -> int:
         return int(self.table.size)

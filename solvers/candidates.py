@@ -21,7 +21,6 @@ import numpy as np
 
 from costmodels import Oracle, Priced
 from instances import Instance, Plan
-from instances.kernels import FUSED_UVM_CACHING, KERNELS
 from instances.pieces import Pieces
 from instances.options import (
     FREE,
@@ -108,9 +107,7 @@ class Problem:
     @property
     def table_kernels(self) -> tuple[tuple[str, float | None], ...]:
         """Each whole table's kernel and cache load factor in `table_wise` (what a whole-table plan says)."""
-        pieces = self.table_wise.pieces
-        return tuple((KERNELS[int(k)], float(f) if KERNELS[int(k)] == FUSED_UVM_CACHING else None)
-                     for k, f in zip(pieces.kernel, pieces.load_factor))
+        return tuple(self.table_wise.pieces.kernel_names())
 
     @property
     def chooses_options(self) -> bool:
