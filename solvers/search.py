@@ -290,11 +290,11 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     stuck = None
     for choice in _choices(candidates, changes, weight):
         found = _at_share(candidates, changes, deadline, weight, choice)
-        kind = choice.allowed is None
+        every_option = choice.allowed is None  # else a floor's restricted options
         if isinstance(found, Stuck):
             stuck = stuck or found
-        elif kind not in best or found.objective() < best[kind].objective():
-            best[kind] = found
+        elif every_option not in best or found.objective() < best[every_option].objective():
+            best[every_option] = found
         if _past(deadline):
             break
     if not best:
