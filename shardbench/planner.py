@@ -219,7 +219,7 @@ class ShardbenchPlanner(ShardingPlanner):
             match = re.fullmatch(r"tables\[(\d+)\]\.(\w+)", error.field)
             if match is None:
                 raise
-            given = [config.name for f in found for config in f.configs][int(match.group(1))]
+            given = given_as[configs[int(match.group(1))].name]
             raise InstanceError(f"constraints[{given!r}].{match.group(2)}", error.reason) from error
         notes = ()
         if host and assumes_default_ddr(self._topology):
