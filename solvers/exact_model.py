@@ -188,7 +188,7 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
         if len(options) > 1:
             for o in options:
                 y_vars[o] = model.var(f"y{o}", 1, float(chosen[table] == o), ("y", o, None))
-            model.choices.append((list(y_vars.values()), [1] * len(options), 1))
+            _choice_row(model, list(y_vars.values()), 1, None)  # Σ_o y[o] = 1
         most_parts = 0
         for o in options:
             picked = chosen[table] == o
@@ -225,7 +225,7 @@ def build_model(candidates: Candidates, start: ExactStart) -> LinearModel:
                 y = y_vars.get(o)
                 if y is None:  # the table's only option: a variable held at 1 carries its constant load
                     y = model.var(f"fixed{o}", 1, 1.0)
-                    model.choices.append(([y], [1], 1))
+                    _choice_row(model, [y], 1, None)
                 if budgeted:
                     moved.add(y, int(moves.moved(candidates.members(o), candidates.devices(o)).sum()))
                 for d in range(k):
@@ -282,7 +282,7 @@ def _node_free_terms(model: LinearModel, candidates: Candidates, o: int, picked:
             v = model.var(f"n{o}_{d}", parts, float(held[i]), ("n", o, d))
             n_vars.append(v)
             _charge(cost_terms, memory_terms, d, v, cost, memory)
-        model.choices.append((n_vars + [z], [1] * per_node + [-parts], 0))
+        _choice_row(model, n_vars, parts, z)
     loads += cost * hint
     _choice_row(model, z_vars, 1, y)
 
