@@ -123,7 +123,7 @@ def _timed(record: dict, measurement, revision: str) -> dict:
     return {**{k: v for k, v in record.items() if k != "tables"}, "tables": len(record["tables"]),
             "schema_version": SCHEMA_VERSION, "revision": revision,
             "forward_s": measurement.forward_s, "backward_s": measurement.backward_s,
-            "total_s": measurement.total_s, "spread": measurement.spread,
+            "total_s": measurement.total_s, "spread": measurement.spread, "exposed": measurement.exposed,
             "forward_runs": list(measurement.forward_runs), "backward_runs": list(measurement.backward_runs),
             "device": measurement.device, "versions": measurement.versions}
 
@@ -392,7 +392,7 @@ def main(argv=None) -> int:
     r.add_argument("spec", type=Path)
     r.add_argument("-o", "--output", type=Path, required=True, help="folder for env.json and the .jsonl files")
     r.add_argument("--seconds", type=float, default=420.0, help="time after which nothing new is started")
-    r.add_argument("--workers", type=int, default=12, help="processes that build inputs ahead")
+    r.add_argument("--workers", type=int, default=6, help="processes that build inputs ahead")
     r.add_argument("--batch", type=int, default=16384, help="batch of the dataset's combinations")
     r.add_argument("--combos", type=int, default=6000, help="combinations drawn (the deadline may stop sooner)")
     r.add_argument("--seed", type=int, default=0)

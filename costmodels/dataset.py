@@ -64,6 +64,7 @@ def _record(combo: dict, tables: list[Table], together: Measurement, singles: li
             "spread": together.spread, "single_total_s": [s.total_s for s in singles],
             "single_forward_s": [s.forward_s for s in singles], "single_backward_s": [s.backward_s for s in singles],
             "single_spread": [s.spread for s in singles],
+            "exposed": together.exposed, "single_exposed": [s.exposed for s in singles],
             "device": together.device, "versions": together.versions, "protocol": asdict(protocol)}
 
 

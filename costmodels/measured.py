@@ -5,7 +5,8 @@ fbgemm-gpu on CUDA (fp16, each kernel where TorchRec puts it), fbgemm-gpu-cpu on
 the host), with inputs synthesised to match each table's pooling factor and reuse bins. Timing follows
 AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush (a write larger than the last-level
 cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left after dropping the 2 highest and 2
-lowest. Communication is the analytic term (one process sees no network);
+lowest. On a GPU each run is queued behind a spin kernel that lasts longer than the host takes to launch it,
+so the events time the kernels back to back, not the host's launch latency. Communication is the analytic term (one process sees no network);
 the cached record says so. Measurements are cached on disk by table set, placement, device and versions."""
 from __future__ import annotations
 
@@ -33,9 +34,12 @@ from .base import DeviceCost, Oracle, Priced
 CPU_FLUSH_BYTES = 64 << 20   # larger than this machine's 32 MiB L3; see flush()
 CUDA_FLUSH_BYTES = 256 << 20  # larger than any current GPU's L2 (an H200 has 60 MB)
 # Bump when a protocol changes, so old cache entries are not reused: the CPU's has not changed since 2; on
-# CUDA, 3 brought CUDA events and placements.
+# CUDA, 3 brought CUDA events and placements, 4 the spin kernel that hides the launches.
 CPU_PROTOCOL_VERSION = 2
-CUDA_PROTOCOL_VERSION = 3
+CUDA_PROTOCOL_VERSION = 4
+FIRST_HOLD_S = 1e-3  # the spin before the first run; later runs spin 1.5 times the longest launch seen
+HOLD_MARGIN = 1.5
+MAX_HOLD_S = 0.05
 
 
 class MeasurementUnavailable(RuntimeError):
@@ -80,6 +84,7 @@ class Measurement:
     device: str
     versions: dict
     communication: str = "analytic (single process: no all-to-all to time)"
+    exposed: int = 0  # timed runs whose launch outlasted the spin ahead of it: they include host time
 
     @property
     def total_s(self) -> float:
@@ -274,42 +279,69 @@ def measure(tables: Sequence[Table], batch: int, protocol: Protocol = Protocol()
         flush_buffer = torch.zeros((CUDA_FLUSH_BYTES if cuda else CPU_FLUSH_BYTES) // 4, device=target)
         grads = [torch.ones((batch, width), device=target) for *_, width in group_inputs]
         forward_runs, backward_runs = [], []
+        hold_s, exposed = (FIRST_HOLD_S if cuda else 0.0), 0
         for run in range(protocol.warmups + protocol.runs):
             batch_inputs = [((ix + int(shifts[run])) % rows if moves else ix, off)
                             for ix, off, rows, _ in group_inputs]
             flush_buffer.add_(1.0)  # writes every line: evicts the tables' rows from the caches
-            forward_s, backward_s = _timed_step(ops, batch_inputs, grads, cuda)
+            forward_s, backward_s, launch_s = _timed_step(ops, batch_inputs, grads, cuda, hold_s)
             if run >= protocol.warmups:
                 forward_runs.append(forward_s)
                 backward_runs.append(backward_s)
+                exposed += cuda and launch_s > hold_s
+            if cuda:
+                hold_s = min(MAX_HOLD_S, max(hold_s, HOLD_MARGIN * launch_s))
     finally:
         torch.set_num_threads(previous_threads)
     return Measurement(forward_s=trimmed_mean(forward_runs, protocol.trim),
                        backward_s=trimmed_mean(backward_runs, protocol.trim),
                        forward_runs=tuple(forward_runs), backward_runs=tuple(backward_runs),
-                       device=device_name, versions=versions)
+                       device=device_name, versions=versions, exposed=int(exposed))
 
 
-def _timed_step(ops, batch_inputs, grads, cuda: bool) -> tuple[float, float]:
-    """One forward and one backward of every op: seconds each, by CUDA events on a GPU (no host clock in
-    the way) and by the host clock on a CPU."""
+def _timed_step(ops, batch_inputs, grads, cuda: bool, hold_s: float = 0.0) -> tuple[float, float, float]:
+    """One forward and one backward of every op: seconds each, and the host's seconds to launch them. On a
+    GPU by CUDA events, queued behind a spin of `hold_s` so that the host has launched everything before the
+    GPU reaches the first mark (no launch gaps in between: a host sync inside an op would show as a launch
+    longer than the hold); on a CPU by the host clock."""
     import torch
 
     if cuda:
         marks = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
         torch.cuda.synchronize()
+        if hold_s > 0:
+            torch.cuda._sleep(int(hold_s * _spin_cycles_per_second()))
+        launch = time.perf_counter()
         marks[0].record()
         outs = [op(ix, off) for op, (ix, off) in zip(ops, batch_inputs)]
         marks[1].record()
         torch.autograd.backward(outs, grads)
         marks[2].record()
+        launch = time.perf_counter() - launch
         torch.cuda.synchronize()
-        return marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3
+        return marks[0].elapsed_time(marks[1]) / 1e3, marks[1].elapsed_time(marks[2]) / 1e3, launch
     start = time.perf_counter()
     outs = [op(ix, off) for op, (ix, off) in zip(ops, batch_inputs)]
     middle = time.perf_counter()
     torch.autograd.backward(outs, grads)
-    return middle - start, time.perf_counter() - middle
+    end = time.perf_counter()
+    return middle - start, end - middle, end - start
+
+
+@lru_cache(maxsize=1)
+def _spin_cycles_per_second() -> float:
+    """The rate of `torch.cuda._sleep`'s cycles, timed once per process by CUDA events."""
+    import torch
+
+    cycles = 1 << 24
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(cycles)  # the first call may load the kernel
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    torch.cuda.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
 
 
 @dataclass(frozen=True)

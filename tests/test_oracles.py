@@ -133,6 +133,7 @@ def test_measure_reports_spread_and_trimmed_means():
     ordered = sorted(result.forward_runs)
     assert result.forward_s == pytest.approx(np.mean(ordered[1:-1]))
     assert result.spread >= 0
+    assert result.exposed == 0  # only a GPU run hides its launches behind a spin
 
 
 def test_measure_many_times_the_inputs_measure_would_build_in_order(monkeypatch):
