@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
+from itertools import islice
 from pathlib import Path
 
 from benchmarks.store import SCHEMA_VERSION
@@ -156,7 +157,10 @@ def probe() -> dict:
             "memory_bytes": getattr(properties, "total_memory", None), "nvidia_smi": smi}
 
 
-def run(spec_path: Path, out: Path, seconds: float, workers: int, batch: int, combos: int, seed: int) -> None:
+def run(spec_path: Path, out: Path, seconds: float, workers: int, batch: int, combos: int, seed: int,
+        first: int = 0, dataset_only: bool = False) -> None:
+    """`first` skips the dataset's combinations before it (timed by an earlier run: the draws are sequential,
+    so combination k is the same whatever the count); `dataset_only` skips the plan and shard sets."""
     start = time.monotonic()
     deadline = start + seconds
     out.mkdir(parents=True, exist_ok=True)
@@ -165,13 +169,13 @@ def run(spec_path: Path, out: Path, seconds: float, workers: int, batch: int, co
     revision = spec.get("revision", "unknown")
     env = {**probe(), "revision": revision, "workers": workers, "cpus": os.cpu_count()}
     (out / "env.json").write_text(json.dumps(env, indent=1) + "\n")
-    for name in ("plans", "shards"):
+    for name in () if dataset_only else ("plans", "shards"):
         count = _time_sets(spec[name], protocol, workers, out / f"{name}.jsonl", deadline, revision)
         print(f"{name}: {count}/{len(spec[name])} sets timed at {time.monotonic() - start:.0f} s", flush=True)
     written = 0
     # Compressed as it is written: the device hands back no file over 16 MiB, and 6,000 records are 24 MB.
     with gzip.open(out / "costs.jsonl.gz", "at") as handle:
-        for record in measured_records(combinations(combos, 15, seed), batch, replace(protocol, batch=batch),
+        for record in measured_records(islice(combinations(combos, 15, seed), first, None), batch, replace(protocol, batch=batch),
                                        workers, deadline):
             handle.write(json.dumps(record) + "\n")
             handle.flush()
@@ -326,33 +330,33 @@ def _shards_section(shards: list[dict]) -> list[str]:
 def _timing_section(plans: list[dict], shards: list[dict], dataset: list[dict], env: dict) -> list[str]:
     import numpy as np
 
-    median_spread = {name: float(np.median([r["spread"] for r in data]))
-                     for name, data in (("plans", plans), ("shards", shards), ("dataset", dataset))}
+    groups = (("plans", plans), ("shards", shards), ("dataset", dataset))
+    median_spread = {name: float(np.median([r["spread"] for r in data])) for name, data in groups}
+    exposed = {name: sum(r.get("exposed", 0) > 0 for r in data) for name, data in groups}
+    runs = {name: sum(r.get("exposed", 0) for r in data) for name, data in groups}
     singles = [t for r in dataset for t in r["single_total_s"]]
     eights = [r["total_s"] for r in dataset if len(r["dims"]) == 8]
     fusion = [r["total_s"] / sum(r["single_total_s"]) for r in dataset if len(r["dims"]) >= 2]
-    worst = {}
-    for r in plans:
-        worst[(r["task"], r["plan"])] = max(worst.get((r["task"], r["plan"]), 0.0), r["total_s"])
-    apart = [abs(1 - worst[(t, "torchrec-planner")] / worst[(t, "ours")]) for t, side in worst if side == "ours"]
     return [
         "## Repeat spread", "",
-        f"Median coefficient of variation of the 10 timed runs: {median_spread['plans']:.1%} over the plan rank "
-        f"sets, {median_spread['shards']:.1%} over the shard sets, {median_spread['dataset']:.1%} over the cost "
+        f"Median coefficient of variation of the 10 timed runs: {median_spread['plans']:.2%} over the plan rank "
+        f"sets, {median_spread['shards']:.2%} over the shard sets, {median_spread['dataset']:.2%} over the cost "
         f"dataset (target ≤ {TARGET_SPREAD:.0%}: {_met(max(median_spread.values()) <= TARGET_SPREAD)}). "
         + (f"{env['workers']} input-building processes ran beside the timing process on {env['cpus']} cores."
            if "workers" in env else "Input-building processes ran beside the timing process."), "",
-        "## What these timings are, and are not", "",
-        "CUDA events time the GPU's timeline between two marks, idle gaps included. At these sizes the gaps "
-        f"dominate: one pool table at batch {dataset[0]['batch']:,} times at a median {np.median(singles) * 1e3:.2f} "
-        f"ms and a combination of 8 at {np.median(eights) * 1e3:.2f} ms (multi-table cost / sum of single-table "
-        f"costs: a median {np.median(fusion):.3f}), while reading its rows takes microseconds at this GPU's "
-        "bandwidth — what is measured is mostly the host launching FBGEMM's kernels, slowed and jittered by the "
-        "processes beside it. That is why no cost model ranks the dataset well (the fidelity page) and why the "
-        f"plan comparison above (max-rank compute {min(worst.values()) * 1e3:.1f}–{max(worst.values()) * 1e3:.1f} "
-        f"ms, the two plans apart by {min(apart):.1%}–{max(apart):.1%}) says little about the GPU itself. The next "
-        "GPU run should time kernels, not the timeline (the profiler's kernel durations, or launch latency "
-        "hidden behind a busy stream), with the input builders kept off the timing core.", ""]
+        "## What these timings are", "",
+        "CUDA events time the GPU's timeline between two marks, idle gaps included, so each timed run is queued "
+        "behind a spin kernel (`torch.cuda._sleep`) that outlasts the host's launching of the run: by the time "
+        "the GPU reaches the first mark, every kernel of the forward and backward is already queued and they "
+        "run back to back. The spin starts at 1 ms and grows to 1.5 × the longest launch seen. A run whose "
+        "launch took longer than the spin ahead of it (a host-side sync inside an operator, or a stalled host) "
+        f"is counted: such runs were {runs['plans']} of {10 * len(plans)} on the rank sets ({exposed['plans']} sets), "
+        f"{runs['shards']} of {10 * len(shards)} on the shards ({exposed['shards']} sets) and {runs['dataset']} of "
+        f"{10 * len(dataset)} on the dataset ({exposed['dataset']} combinations); they stay in the data.", "",
+        f"At batch {dataset[0]['batch']:,} one pool table times at a median {np.median(singles) * 1e3:.3f} ms and a "
+        f"combination of 8 at {np.median(eights) * 1e3:.3f} ms; the multi-table cost is a median "
+        f"{np.median(fusion):.3f} of the sum of its tables' single costs (one TBE for the set pays its fixed costs "
+        "once).", ""]
 
 
 def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Path = DATASET,
@@ -372,8 +376,8 @@ def report(plans_path: Path, shards_path: Path, env_path: Path, dataset_path: Pa
         f"Measured with `python -m benchmarks.gpu run` at revision {short_revision(env.get('revision'))} on "
         f"{env['device']} ({env['multiprocessors']} SMs, {env['l2_bytes'] / 2**20:.0f} MiB L2; {versions}; Python "
         f"{env['python']}): FBGEMM's TBE, fp16 weights, SGD fused into the backward, AutoShard's protocol (5 "
-        "warm-ups, 10 timed runs each after a 256 MiB write that flushes the L2, CUDA events, the mean of the "
-        "middle 6). Inputs are synthesised from each table's pooling factor and reuse bins. Data: "
+        "warm-ups, 10 timed runs each after a 256 MiB write that flushes the L2, CUDA events with the run queued "
+        "behind a spin kernel, the mean of the middle 6). Inputs are synthesised from each table's pooling factor and reuse bins. Data: "
         "`benchmarks/results/gpu-h200-plans.jsonl`, `gpu-h200-shards.jsonl`, `gpu-h200-env.json`; the cost "
         f"dataset is `{dataset_path}` (its fidelity: [oracles/fidelity.md](oracles/fidelity.md)).", "",
         *_plans_section(plans, page), *_shards_section(shards),
@@ -396,6 +400,8 @@ def main(argv=None) -> int:
     r.add_argument("--batch", type=int, default=16384, help="batch of the dataset's combinations")
     r.add_argument("--combos", type=int, default=6000, help="combinations drawn (the deadline may stop sooner)")
     r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--first", type=int, default=0, help="skip the combinations before this one (an earlier run's)")
+    r.add_argument("--dataset-only", action="store_true", help="time the cost dataset alone")
     g = sub.add_parser("report", help="write the results page from the committed measurements")
     g.add_argument("--plans", type=Path, default=RESULTS / "gpu-h200-plans.jsonl")
     g.add_argument("--shards", type=Path, default=RESULTS / "gpu-h200-shards.jsonl")
@@ -408,7 +414,8 @@ def main(argv=None) -> int:
     elif args.command == "report":
         print(report(args.plans, args.shards, args.env, args.dataset, args.page))
     else:
-        run(args.spec, args.output, args.seconds, args.workers, args.batch, args.combos, args.seed)
+        run(args.spec, args.output, args.seconds, args.workers, args.batch, args.combos, args.seed, args.first,
+            args.dataset_only)
     return 0
 
 
