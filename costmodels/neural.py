@@ -161,9 +161,20 @@ def accuracy(predicted: np.ndarray, actual: np.ndarray) -> dict:
 def train(records: list[dict], kind: str, epochs: int = 400, seed: int = 0, batch_size: int = 64,
           learning_rate: float = 1e-3, progress=None) -> tuple[TrainedModel, dict]:
     """Trains on the 'train' split (first half of the pool) and reports accuracy on the 'test' split
-    (combinations of unseen tables only)."""
+    (combinations of unseen tables only). On one thread: the same seed then gives the same weights on every
+    machine (summation order changes with the thread count), and these small networks gain nothing from more."""
     if kind not in MODEL_KINDS:
         raise ValueError(f"model must be one of {MODEL_KINDS}, got {kind!r}")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train(records, kind, epochs, seed, batch_size, learning_rate, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(records: list[dict], kind: str, epochs: int, seed: int, batch_size: int, learning_rate: float,
+           progress) -> tuple[TrainedModel, dict]:
     train_set = [r for r in records if r["split"] == "train"]
     test_set = [r for r in records if r["split"] == "test"]
     if not train_set or not test_set:

@@ -75,6 +75,14 @@ def test_a_run_writes_each_phase_with_its_revision(tmp_path):
     assert env["device"].startswith("cpu:") and env["revision"] == "0123abc" and env["workers"] == 0
 
 
+def test_a_continued_run_times_only_the_dataset_from_where_the_first_stopped(tmp_path):
+    out = tmp_path / "out"
+    run(_spec(tmp_path), out, seconds=600, workers=0, batch=64, combos=3, seed=0, first=2, dataset_only=True)
+    with gzip.open(out / "costs.jsonl.gz", "rt") as handle:
+        assert [json.loads(line)["id"] for line in handle] == [2]
+    assert not (out / "plans.jsonl").exists() and not (out / "shards.jsonl").exists()
+
+
 def test_a_run_past_its_deadline_times_nothing(tmp_path):
     out = tmp_path / "out"
     run(_spec(tmp_path), out, seconds=0, workers=0, batch=64, combos=2, seed=0)
