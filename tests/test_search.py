@@ -1,15 +1,19 @@
 """Local search's moves over memory tiers: the options its changes and kicks try (each table's lower convex
-hull of (HBM, work) per cut)."""
+hull of (HBM, work) per cut), and the trades of HBM between two tables that no single option change can
+make."""
 import numpy as np
-from conftest import examples
+from conftest import examples, make_table
 from hypothesis import given
 from hypothesis import strategies as st
 
 from costmodels import get_oracle
-from instances import load_instances
+from instances import Instance, Topology, Workload, load_instances
+from instances.kernels import FUSED, FUSED_UVM_CACHING
 from instances.memory import HBM
+from solvers.assembly import Assembly
 from solvers.candidates import Candidates
 from solvers.choice import on_lower_hull, option_weight
+from solvers.search import _Search, improve, split_greedy
 
 
 def _beaten(points: list[tuple[int, int]], m: int, c: int) -> bool:
@@ -60,3 +64,52 @@ def test_search_options_are_each_cuts_hull_and_keep_its_ends():
             assert int(same[np.lexsort((hbm[same], weight[same]))[0]]) in mine
             pruned += same.size - len(mine)
     assert pruned > 0  # the tiers task has cache sizes above the hull
+
+
+def _trade_instance() -> Instance:
+    """One device with HBM for one table in full and the other's smallest cache: a hot table cached, a cold
+    one in HBM, where the best plan swaps them."""
+    tables = (make_table("hot", 2000, 16, 40.0), make_table("cold", 2000, 16, 0.5))
+    need = sum(t.weight_bytes for t in tables)
+    return Instance("trade", tables, Topology(1, 1, 76_800, host_memory_bytes=4 * need), Workload(batch_size=64),
+                    sharding_types=("table_wise",)).validate()
+
+
+def _option(candidates: Candidates, table: int, kernel: str, load_factor: float | None = None) -> int:
+    return next(int(o) for o in candidates.by_table[table] if candidates.options.options[o].kernel == kernel
+                and candidates.options.options[o].load_factor == load_factor)
+
+
+def test_a_trade_of_hbm_improves_where_no_single_option_change_fits():
+    candidates = Candidates.build(_trade_instance(), get_oracle("analytic"))
+    assembly = Assembly(candidates)
+    smallest = min(candidates.options.options[o].load_factor for o in candidates.by_table[0]
+                   if candidates.options.options[o].kernel == FUSED_UVM_CACHING)
+    assembly.put(_option(candidates, 0, FUSED_UVM_CACHING, smallest), np.array([0]))
+    assembly.put(_option(candidates, 1, FUSED), np.array([0]))
+    assert assembly.free[0, HBM] == 0
+    before = assembly.objective()
+    search = _Search(assembly, changes=True)
+    for table in (0, 1):  # no single option change fits and lowers the device
+        value, _ = search.best_option_change(table)
+        assert value >= before
+    step = search.best_step()
+    assert step is not None and step[0] == "trade"
+    search.apply(step)
+    assert assembly.objective() < before / 2
+    assert (assembly.free >= 0).all()
+    assert candidates.options.options[int(assembly.chosen[0])].kernel == FUSED
+    assert candidates.options.options[int(assembly.chosen[1])].kernel == FUSED_UVM_CACHING
+    assert assembly.plan().validate(candidates.instance)
+
+
+def test_the_search_on_a_tiered_task_is_a_function_of_its_seed():
+    candidates = _tiered_candidates()
+
+    def searched(seed: int):
+        start = split_greedy(candidates)
+        improve(start, np.inf, seed, max_rounds=30, changes=True)
+        return start.snapshot()
+
+    first, again = searched(3), searched(3)
+    assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
