@@ -21,6 +21,7 @@ import numpy as np
 
 from costmodels import Oracle, Priced
 from instances import Instance, Plan
+from instances.memory import HBM
 from instances.pieces import Pieces
 from instances.options import (
     FREE,
@@ -36,7 +37,7 @@ from instances.options import (
 from instances.moves import NOT_REPLANNED, Previous
 from instances.sharding import COLUMN_BLOCKS, TABLE_WISE
 
-from .choice import MEMORY_SHARES, choose_options, option_weight
+from .choice import MEMORY_SHARES, choose_options, on_lower_hull, option_weight
 from .moves import Moves, old_option_of
 
 
@@ -178,6 +179,32 @@ class Candidates:
         table_of = np.array([o.table for o in self.options.options], dtype=np.int64)
         live = np.flatnonzero(self.live)
         return [live[table_of[live] == t] for t in range(self.instance.num_tables)]
+
+    @cached_property
+    def layout(self) -> np.ndarray:
+        """Per option, an id shared by its table's options cut the same way (sharding type and piece count):
+        they differ in kernel and cache alone, so their pieces match one to one and one can take the
+        other's devices."""
+        keys: dict[tuple, int] = {}
+        return np.array([keys.setdefault((o.table, o.sharding_type, o.parts), len(keys)) for o in self.options.options],
+                        dtype=np.int64)
+
+    @cached_property
+    def search_options(self) -> list[np.ndarray]:
+        """Per table, its live options on the lower convex hull of (HBM bytes, work) among those of the same
+        layout (solvers.choice.on_lower_hull): the options local search's option changes and kicks try. A
+        cache size above the hull never makes the best use of its HBM in the relaxed knapsack; in an
+        integer plan it may, so the bounds and exact models keep every option."""
+        hbm = self.total_storage[:, HBM]
+        weight = option_weight(self)
+        kept = []
+        for ids in self.by_table:
+            on_hull = np.zeros(ids.size, dtype=bool)
+            for layout in np.unique(self.layout[ids]):
+                same = self.layout[ids] == layout
+                on_hull[same] = on_lower_hull(hbm[ids[same]], weight[ids[same]])
+            kept.append(ids[on_hull])
+        return kept
 
     def members(self, o: int) -> np.ndarray:
         return self.options.members(o)

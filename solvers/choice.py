@@ -82,3 +82,30 @@ def option_weight(candidates) -> np.ndarray:
     if candidates.priced.additive:
         return candidates.work
     return np.add.reduceat(candidates.single_costs, candidates.options.first)
+
+
+HULL_SLACK = 1e-9  # relative: a point this close to the hull (float noise in its cost) is on it
+
+
+def on_lower_hull(memory: np.ndarray, cost: np.ndarray) -> np.ndarray:
+    """Which (memory, cost) points lie on the lower convex hull of them all, run on flat to the right of
+    its cheapest point: the points a Lagrangian price on memory can pick. A point above it — dearer than
+    a mix of two others that use no more memory on average, or than one that uses no more — never gives
+    the best cost for the memory it takes in a relaxed knapsack. Ties and points on a straight edge are
+    on the hull."""
+    memory, cost = np.asarray(memory, dtype=float), np.asarray(cost, dtype=float)
+    hull: list[int] = []
+    for i in np.lexsort((cost, memory)):
+        if hull and cost[i] >= cost[hull[-1]]:
+            continue  # no cheaper for its memory than the last vertex: on or above the flat part
+        while len(hull) >= 2:
+            a, b = hull[-2], hull[-1]
+            # b is a vertex only while strictly below the line from a to i.
+            if (cost[b] - cost[a]) * (memory[i] - memory[a]) < (cost[i] - cost[a]) * (memory[b] - memory[a]):
+                break
+            hull.pop()
+        hull.append(int(i))
+    if not hull:
+        return np.zeros(0, dtype=bool)
+    floor = np.interp(memory, memory[hull], cost[hull])
+    return cost <= floor + HULL_SLACK * max(float(np.abs(cost).max()), 1e-300)

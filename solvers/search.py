@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from instances.kernels import DENSE, FUSED, FUSED_UVM_CACHING, TORCHREC_LOAD_FACTOR
-from instances.memory import format_sizes, tier_label
+from instances.memory import HBM, format_sizes, tier_label
 
 from .assembly import Assembly, Stuck, Trial, construct, place_table
 from .base import (
@@ -33,6 +33,19 @@ from .packing import packed
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
 OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
 OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a table's option (when splitting)
+TRADE_DONORS = 3              # per trade, the donors (best first by the vectorised screen) checked on the device state
+
+
+@dataclass(frozen=True)
+class _Donors:
+    """In-place shrinks on offer: per row, a table, the leaner option it would take on its own devices, and
+    what that adds per device (bytes per tier, negative where freed; cost) and which devices it touches."""
+
+    table: np.ndarray    # rows
+    option: np.ndarray   # rows
+    memory: np.ndarray   # rows × devices × tiers
+    cost: np.ndarray     # rows × devices
+    touched: np.ndarray  # rows × devices
 
 
 class _Search:
@@ -40,6 +53,9 @@ class _Search:
 
     def __init__(self, assembly: Assembly, changes: bool):
         self.a, self.c, self.changes = assembly, assembly.c, changes
+        self.hbm = self.c.total_storage[:, HBM]
+        self.weight = option_weight(self.c)
+        self._siblings: dict[int, np.ndarray] = {}
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -84,10 +100,16 @@ class _Search:
                     if pair[i] < best_value:
                         best_value, best = pair[i], ("swap", piece, int(candidates[i]))
         if self.changes:
-            for table in self.heaviest_tables_on(top):
+            heaviest = self.heaviest_tables_on(top)
+            for table in heaviest:
                 value, trial = self.best_option_change(table)
                 if trial is not None and value < best_value:
                     best_value, best = value, ("option", table, trial)
+            donors: dict[int, _Donors | None] = {}
+            for table in heaviest:
+                value, trade = self.best_trade(table, best_value, donors)
+                if trade is not None:
+                    best_value, best = value, ("trade", trade, None)
         return best
 
     def move_cost(self, pieces, source, targets) -> np.ndarray:
@@ -134,7 +156,7 @@ class _Search:
         a = self.a
         old, devices = a.take(table)
         best_value, best = np.inf, None
-        for option in self.c.by_table[table]:
+        for option in self.c.search_options[table]:
             if option == old:
                 continue
             trial = a.fit(int(option))
@@ -147,6 +169,118 @@ class _Search:
         a.put(old, devices)
         return best_value, best
 
+    # ------------------------------------------------------------ trading HBM between two tables
+
+    def siblings(self, option: int) -> np.ndarray:
+        """The table's search options cut as `option` is (so that they can take its pieces' devices one to
+        one), whatever its own kernel and cache."""
+        layout = int(self.c.layout[option])
+        if layout not in self._siblings:
+            ids = self.c.search_options[self.c.options.options[option].table]
+            self._siblings[layout] = ids[self.c.layout[ids] == layout]
+        return self._siblings[layout]
+
+    def in_place(self, old: int, new: int, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What switching from option `old`, whose pieces sit on `devices`, to `new` on the same devices adds
+        per device: bytes per tier (devices × tiers) and cost (the pieces' costs alone: exact under an
+        additive oracle, a screen under others)."""
+        before, after = self.c.members(old), self.c.members(new)
+        memory = np.zeros_like(self.a.free)
+        np.add.at(memory, devices, self.a.memory[after] - self.a.memory[before])
+        single = self.c.single_costs
+        return memory, np.bincount(devices, weights=single[after] - single[before], minlength=self.a.k)
+
+    def donors_on(self, device: int) -> _Donors | None:
+        """Every table with a piece on `device` shrunk in place to each leaner search option of its cut
+        (a smaller cache, or host memory instead of HBM), side by side; None where there is none."""
+        a, c = self.a, self.c
+        tables, options, befores, afters, devices, rows = [], [], [], [], [], []
+        for table in np.unique(c.options.pieces.table[a.on(device)]):
+            old = int(a.chosen[table])
+            members = c.members(old)
+            for new in self.siblings(old):
+                if self.hbm[new] < self.hbm[old]:
+                    rows.append(np.full(members.size, len(tables)))
+                    tables.append(int(table))
+                    options.append(int(new))
+                    befores.append(members)
+                    afters.append(c.members(int(new)))
+                    devices.append(a.device[members])
+        if not tables:
+            return None
+        row, device_of = np.concatenate(rows), np.concatenate(devices)
+        before, after = np.concatenate(befores), np.concatenate(afters)
+        memory = np.zeros((len(tables), *a.free.shape), dtype=np.int64)
+        np.add.at(memory, (row, device_of), a.memory[after] - a.memory[before])
+        cost = np.zeros((len(tables), a.k))
+        np.add.at(cost, (row, device_of), c.single_costs[after] - c.single_costs[before])
+        touched = np.zeros((len(tables), a.k), dtype=bool)
+        touched[row, device_of] = True
+        return _Donors(np.array(tables), np.array(options), memory, cost, touched)
+
+    def best_trade(self, table: int, ceiling: float, donors: dict[int, _Donors | None]) -> tuple[float, tuple | None]:
+        """The table grows in place into a search option that costs less and needs more HBM than its devices
+        have free, while a table sharing the device that lacks it shrinks in place to free the bytes: the
+        pair that leaves the devices either touches lowest, if below `ceiling` (and the trade, as
+        ((table, option, devices), (donor, option, devices))). Option changes find what fits alone; this
+        finds the trades no single change can make. `donors` caches `donors_on` per device for the step."""
+        a = self.a
+        old = int(a.chosen[table])
+        devices = a.device[self.c.members(old)]
+        costs = a.costs()
+        mine = np.zeros(a.k, dtype=bool)
+        mine[devices] = True
+        best_value, best = ceiling, None
+        for new in self.siblings(old):
+            if self.hbm[new] <= self.hbm[old] or self.weight[new] >= self.weight[old]:
+                continue
+            memory, cost = self.in_place(old, int(new), devices)
+            after = costs + cost
+            short = memory > a.free
+            # A donor shrinks along its hull, which costs more: a growth that does not beat the ceiling
+            # alone is not worth a donor.
+            if not short.any() or after[mine].max() >= best_value:
+                continue
+            device = int(np.flatnonzero(short.any(axis=1))[0])
+            if device not in donors:
+                donors[device] = self.donors_on(device)
+            offer = donors[device]
+            if offer is None:
+                continue
+            fits = (memory + offer.memory <= a.free).all(axis=(1, 2)) & (offer.table != table)
+            values = np.where(offer.touched | mine, after + offer.cost, -np.inf).max(axis=1)
+            values[~fits] = np.inf
+            for r in np.argsort(values, kind="stable")[:TRADE_DONORS]:
+                if values[r] >= best_value:
+                    break
+                donor = int(offer.table[r])
+                shrunk = (donor, int(offer.option[r]), a.device[self.c.members(int(a.chosen[donor]))])
+                trade = ((table, int(new), devices), shrunk)
+                value = self.trade_value(trade)
+                if value < best_value:
+                    best_value, best = value, trade
+                    break
+        return best_value, best
+
+    def trade_value(self, trade: tuple) -> float:
+        """The largest cost among the devices the in-place changes of `trade` touch, were they made
+        (nothing changes); infinite where the move budget cannot pay for them."""
+        a, state = self.a, self.a.state
+        old = [self.c.members(int(a.chosen[table])) for table, _, _ in trade]
+        new = [self.c.members(option) for _, option, _ in trade]
+        devices = [d for _, _, d in trade]
+        if a.moves is not None and sum(a.moved_by(n, d) - a.moved_by(o, d) for o, n, d in zip(old, new, devices)) \
+                > a.allowance():
+            return np.inf
+        for members, d in zip(old, devices):
+            state.remove_many(members, d)
+        try:
+            costs = state.costs_with(np.concatenate(new), np.concatenate(devices))
+        finally:
+            for members, d in zip(old, devices):
+                state.add_many(members, d)
+        return float(costs[np.unique(np.concatenate(devices))].max())
+
     def apply(self, step: tuple) -> None:
         kind, first, second = step
         a = self.a
@@ -156,6 +290,11 @@ class _Search:
             mine, theirs = int(a.device[first]), int(a.device[second])
             a.move(first, theirs)
             a.move(second, mine)
+        elif kind == "trade":
+            for table, _, _ in first:
+                a.take(table)
+            for _, option, devices in first:
+                a.put(option, devices)
         else:
             a.take(first)
             a.put(second.option, second.devices)
@@ -186,7 +325,7 @@ class _Search:
         if not self.changes:
             return
         for table in rng.choice(a.chosen.size, size=max(1, int(OPTION_KICK_SHARE * size)), replace=True):
-            options = [int(o) for o in self.c.by_table[table] if o != a.chosen[table]]
+            options = [int(o) for o in self.c.search_options[table] if o != a.chosen[table]]
             if not options:
                 continue
             old, devices = a.take(int(table))
@@ -195,6 +334,36 @@ class _Search:
                 a.put(old, devices)
             else:
                 a.put(trial.option, trial.devices)
+        self.trade_kick(rng)
+
+    def trade_kick(self, rng: np.random.Generator) -> None:
+        """A random table grows in place into a random search option of its cut that costs less and needs
+        more HBM; where its devices lack the bytes, a random table on the first device short of them that
+        can free them shrinks in place."""
+        a = self.a
+        table = int(rng.integers(a.chosen.size))
+        old = int(a.chosen[table])
+        richer = [int(o) for o in self.siblings(old)
+                  if self.hbm[o] > self.hbm[old] and self.weight[o] < self.weight[old]]
+        if not richer:
+            return
+        new = richer[int(rng.integers(len(richer)))]
+        devices = a.device[self.c.members(old)]
+        memory, _ = self.in_place(old, new, devices)
+        trade = [(table, new, devices)]
+        short = memory > a.free
+        if short.any():
+            offer = self.donors_on(int(np.flatnonzero(short.any(axis=1))[0]))
+            if offer is None:
+                return
+            rows = np.flatnonzero((memory + offer.memory <= a.free).all(axis=(1, 2)) & (offer.table != table))
+            if not rows.size:
+                return
+            r = int(rows[rng.integers(rows.size)])
+            donor = int(offer.table[r])
+            trade.append((donor, int(offer.option[r]), a.device[self.c.members(int(a.chosen[donor]))]))
+        if a.moves is None or np.isfinite(self.trade_value(tuple(trade))):
+            self.apply(("trade", tuple(trade), None))
 
 
 def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | None = None, changes: bool = False,
