@@ -56,6 +56,8 @@ class _Search:
         self.hbm = self.c.total_storage[:, HBM]
         self.weight = option_weight(self.c)
         self._siblings: dict[int, np.ndarray] = {}
+        # Some cut offers options that trade HBM for cost (kernels or cache sizes to choose from).
+        self.tiered = changes and any(np.unique(self.c.layout[ids]).size < ids.size for ids in self.c.search_options)
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -106,7 +108,7 @@ class _Search:
                 if trial is not None and value < best_value:
                     best_value, best = value, ("option", table, trial)
             donors: dict[int, _Donors | None] = {}
-            for table in heaviest:
+            for table in heaviest if self.tiered else ():
                 value, trade = self.best_trade(table, best_value, donors)
                 if trade is not None:
                     best_value, best = value, ("trade", trade, None)
@@ -341,6 +343,8 @@ class _Search:
         more HBM; where its devices lack the bytes, a random table on the first device short of them that
         can free them shrinks in place."""
         a = self.a
+        if not self.tiered:
+            return  # no draw either: where no table has a leaner-in-cost, richer-in-HBM option, kicks are as before
         table = int(rng.integers(a.chosen.size))
         old = int(a.chosen[table])
         richer = [int(o) for o in self.siblings(old)
