@@ -51,8 +51,11 @@ class _Donors:
 class _Search:
     """Local search on an assembly; `changes` allows tables to change option."""
 
-    def __init__(self, assembly: Assembly, changes: bool):
+    def __init__(self, assembly: Assembly, changes: bool, hull: bool = True):
         self.a, self.c, self.changes = assembly, assembly.c, changes
+        # The iterated search tries hull options only (twice the kicks a second); one descent can afford
+        # every option, and split-greedy's last descent does.
+        self.options = self.c.search_options if hull else self.c.by_table
         self.hbm = self.c.total_storage[:, HBM]
         self.weight = option_weight(self.c)
         self._siblings: dict[int, np.ndarray] = {}
@@ -158,7 +161,7 @@ class _Search:
         a = self.a
         old, devices = a.take(table)
         best_value, best = np.inf, None
-        for option in self.c.search_options[table]:
+        for option in self.options[table]:
             if option == old:
                 continue
             trial = a.fit(int(option))
@@ -327,7 +330,7 @@ class _Search:
         if not self.changes:
             return
         for table in rng.choice(a.chosen.size, size=max(1, int(OPTION_KICK_SHARE * size)), replace=True):
-            options = [int(o) for o in self.c.search_options[table] if o != a.chosen[table]]
+            options = [int(o) for o in self.options[table] if o != a.chosen[table]]
             if not options:
                 continue
             old, devices = a.take(int(table))
@@ -553,7 +556,7 @@ def _past(deadline: float | None) -> bool:
 
 
 def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> None:
-    search = _Search(assembly, changes=True)
+    search = _Search(assembly, changes=True, hull=False)
     while not _past(deadline):
         costs = assembly.costs()
         top = int(np.argmax(costs))
