@@ -23,13 +23,14 @@ MILP_BOUND_SLACK = 5e-6
 MILP_FEASIBILITY_TOLERANCE = 1e-6  # CBC's and HiGHS's default: how far a row may exceed its bound
 
 
-def _highs_with_start(time_limit: float, use_start: bool, gap: float):
+def _highs_with_start(time_left, use_start: bool, gap: float):
     import highspy
     import pulp
 
     class HiGHSWithStart(pulp.HiGHS):
-        """PuLP's HiGHS, also handing HiGHS the MIP start (the variables' initial values) and keeping
-        its proven dual bound."""
+        """PuLP's HiGHS, also handing HiGHS the MIP start (the variables' initial values), keeping its
+        proven dual bound, and setting its time limit once the model is handed over (a second on large
+        tiered models, which the limit must not grant again)."""
 
         def callSolver(self, lp):
             if use_start:
@@ -37,10 +38,11 @@ def _highs_with_start(time_limit: float, use_start: bool, gap: float):
                 solution.col_value = [var.varValue or 0.0 for var in lp.variables()]
                 solution.value_valid = True
                 lp.solverModel.setSolution(solution)
+            lp.solverModel.setOptionValue("time_limit", float(time_left()))
             lp.solverModel.run()
             self.dual_bound = lp.solverModel.getInfo().mip_dual_bound
 
-    return HiGHSWithStart(msg=False, timeLimit=time_limit, gapRel=gap, threads=1)
+    return HiGHSWithStart(msg=False, timeLimit=time_left(), gapRel=gap, threads=1)
 
 
 _CBC_BEST_POSSIBLE = re.compile(r"best possible ([-+0-9.eE]+)")
@@ -56,11 +58,12 @@ class MilpRun:
     stats: dict
 
 
-def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_limit: float, seed: int,
+def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_left, seed: int,
               memory_room: float, use_start: bool, gap: float, move_room: float = 1.0) -> MilpRun:
     """Solves the model with costs in units of `unit`, every device's memory (in units of its capacity) held
     to `memory_room` and the bytes moved to `move_room` of what the budget leaves, stopping at a relative
-    `gap` to its bound (0: proven optimal)."""
+    `gap` to its bound (0: proven optimal). `time_left()` is asked once the model is built: building it
+    takes seconds on large tiered instances, which the backend's limit must not grant again."""
     import pulp
 
     problem = pulp.LpProblem("plan", pulp.LpMinimize)
@@ -89,7 +92,7 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
             var.setInitialValue(value)
         makespan.setInitialValue(upper)
     if backend == "highs":
-        solver = _highs_with_start(time_limit, use_start, gap)
+        solver = _highs_with_start(time_left, use_start, gap)
         problem.solve(solver)
         raw_bound = solver.dual_bound
     else:
@@ -98,7 +101,7 @@ def _milp_run(model: LinearModel, unit: float, lower: float, backend: str, time_
             with warnings.catch_warnings():
                 # PuLP 3.3 flags its bundled CBC for removal in 4.0; pyproject keeps PuLP below 3.4.
                 warnings.simplefilter("ignore", DeprecationWarning)
-                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, gapRel=gap, warmStart=use_start,
+                solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=time_left(), gapRel=gap, warmStart=use_start,
                                            threads=1, logPath=str(log), options=[f"randomSeed {seed + 1}"])
             problem.solve(solver)
             text = log.read_text() if log.exists() else ""
@@ -152,7 +155,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     def remaining() -> float:
         return max(0.1, budget.remaining())
 
-    run = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed, 1.0, use_start, budget.backend_gap)
+    run = _milp_run(model, unit, start.lower_bound, backend, remaining, seed, 1.0, use_start, budget.backend_gap)
     stats = {"backend": backend, **run.stats}
     if run.infeasible and not use_start:
         return infeasible(f"{backend} proved that no plan over the enumerated options fits the memory capacity")
@@ -171,7 +174,7 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
                 failure = NoPlan(Cause.OVERFLOW, plan=candidates.plan(*found))
             if moved_over > 0:
                 stats["first_plan_over_move_budget_bytes"] = moved_over
-            retry = _milp_run(model, unit, start.lower_bound, backend, remaining(), seed,
+            retry = _milp_run(model, unit, start.lower_bound, backend, remaining, seed,
                               1.0 - 2.0 * max(float((over / np.maximum(capacity, 1)).max()), MILP_FEASIBILITY_TOLERANCE),
                               use_start, budget.backend_gap,
                               1.0 - 2.0 * max(moved_over / max(model.moves[2], 1) if model.moves else 0.0,
