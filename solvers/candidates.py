@@ -206,6 +206,12 @@ class Candidates:
             kept.append(ids[on_hull])
         return kept
 
+    @cached_property
+    def trades_hbm(self) -> bool:
+        """Whether some table's cut offers search options that differ in kernel or cache: HBM to trade for
+        cost (tables that may live in host memory)."""
+        return any(np.unique(self.layout[ids]).size < ids.size for ids in self.search_options)
+
     def members(self, o: int) -> np.ndarray:
         return self.options.members(o)
 

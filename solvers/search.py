@@ -59,8 +59,7 @@ class _Search:
         self.hbm = self.c.total_storage[:, HBM]
         self.weight = option_weight(self.c)
         self._siblings: dict[int, np.ndarray] = {}
-        # Some cut offers options that trade HBM for cost (kernels or cache sizes to choose from).
-        self.tiered = changes and any(np.unique(self.c.layout[ids]).size < ids.size for ids in self.c.search_options)
+        self.tiered = changes and self.c.trades_hbm
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -185,43 +184,40 @@ class _Search:
             self._siblings[layout] = ids[self.c.layout[ids] == layout]
         return self._siblings[layout]
 
-    def in_place(self, old: int, new: int, devices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """What switching from option `old`, whose pieces sit on `devices`, to `new` on the same devices adds
-        per device: bytes per tier (devices × tiers) and cost (the pieces' costs alone: exact under an
-        additive oracle, a screen under others)."""
-        before, after = self.c.members(old), self.c.members(new)
-        memory = np.zeros_like(self.a.free)
-        np.add.at(memory, devices, self.a.memory[after] - self.a.memory[before])
-        single = self.c.single_costs
-        return memory, np.bincount(devices, weights=single[after] - single[before], minlength=self.a.k)
+    def switches(self, olds: list[int], news: list[int], devices: list[np.ndarray]) -> tuple[np.ndarray, ...]:
+        """What switching each option `olds[r]`, whose pieces sit on `devices[r]`, to `news[r]` on the same
+        devices adds per device, side by side: bytes per tier (rows × devices × tiers), cost (rows ×
+        devices; the pieces' costs alone: exact under an additive oracle, a screen under others) and which
+        devices each switch touches."""
+        a, c = self.a, self.c
+        befores = [c.members(o) for o in olds]
+        row = np.concatenate([np.full(b.size, r) for r, b in enumerate(befores)])
+        before, device_of = np.concatenate(befores), np.concatenate(devices)
+        after = np.concatenate([c.members(o) for o in news])
+        memory = np.zeros((len(olds), *a.free.shape), dtype=np.int64)
+        np.add.at(memory, (row, device_of), a.memory[after] - a.memory[before])
+        cost = np.zeros((len(olds), a.k))
+        np.add.at(cost, (row, device_of), c.single_costs[after] - c.single_costs[before])
+        touched = np.zeros((len(olds), a.k), dtype=bool)
+        touched[row, device_of] = True
+        return memory, cost, touched
 
     def donors_on(self, device: int) -> _Donors | None:
         """Every table with a piece on `device` shrunk in place to each leaner search option of its cut
         (a smaller cache, or host memory instead of HBM), side by side; None where there is none."""
         a, c = self.a, self.c
-        tables, options, befores, afters, devices, rows = [], [], [], [], [], []
+        tables, olds, news, devices = [], [], [], []
         for table in np.unique(c.options.pieces.table[a.on(device)]):
             old = int(a.chosen[table])
-            members = c.members(old)
             for new in self.siblings(old):
                 if self.hbm[new] < self.hbm[old]:
-                    rows.append(np.full(members.size, len(tables)))
                     tables.append(int(table))
-                    options.append(int(new))
-                    befores.append(members)
-                    afters.append(c.members(int(new)))
-                    devices.append(a.device[members])
+                    olds.append(old)
+                    news.append(int(new))
+                    devices.append(a.device[c.members(old)])
         if not tables:
             return None
-        row, device_of = np.concatenate(rows), np.concatenate(devices)
-        before, after = np.concatenate(befores), np.concatenate(afters)
-        memory = np.zeros((len(tables), *a.free.shape), dtype=np.int64)
-        np.add.at(memory, (row, device_of), a.memory[after] - a.memory[before])
-        cost = np.zeros((len(tables), a.k))
-        np.add.at(cost, (row, device_of), c.single_costs[after] - c.single_costs[before])
-        touched = np.zeros((len(tables), a.k), dtype=bool)
-        touched[row, device_of] = True
-        return _Donors(np.array(tables), np.array(options), memory, cost, touched)
+        return _Donors(np.array(tables), np.array(news), *self.switches(olds, news, devices))
 
     def best_trade(self, table: int, ceiling: float, donors: dict[int, _Donors | None]) -> tuple[float, tuple | None]:
         """The table grows in place into a search option that costs less and needs more HBM than its devices
@@ -239,7 +235,7 @@ class _Search:
         for new in self.siblings(old):
             if self.hbm[new] <= self.hbm[old] or self.weight[new] >= self.weight[old]:
                 continue
-            memory, cost = self.in_place(old, int(new), devices)
+            (memory,), (cost,), _ = self.switches([old], [int(new)], [devices])
             after = costs + cost
             short = memory > a.free
             # A donor shrinks along its hull, which costs more: a growth that does not beat the ceiling
@@ -356,7 +352,7 @@ class _Search:
             return
         new = richer[int(rng.integers(len(richer)))]
         devices = a.device[self.c.members(old)]
-        memory, _ = self.in_place(old, new, devices)
+        (memory,), _, _ = self.switches([old], [new], [devices])
         trade = [(table, new, devices)]
         short = memory > a.free
         if short.any():
