@@ -29,10 +29,12 @@ from .bounds import best_option_bound
 from .candidates import Candidates, Problem
 from .choice import MEMORY_SHARES, RELATIVE_STEP, choose_options, option_weight, piece_peaks
 from .packing import packed
+from .retier import Retier, usable
 
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
 OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
 OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a table's option (when splitting)
+RETIER_SHARE = 0.25  # of local search's time, the last share that descends with re-tiering steps too
 TRADE_DONORS = 3              # per trade, the donors (best first by the vectorised screen) checked on the device state
 
 
@@ -60,6 +62,7 @@ class _Search:
         self.weight = option_weight(self.c)
         self._siblings: dict[int, np.ndarray] = {}
         self.tiered = changes and self.c.trades_hbm
+        self.retier = Retier(assembly) if changes and usable(assembly) else None
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -291,6 +294,8 @@ class _Search:
             mine, theirs = int(a.device[first]), int(a.device[second])
             a.move(first, theirs)
             a.move(second, mine)
+        elif kind == "retier":
+            self.retier.apply(first)
         elif kind == "trade":
             for table, _, _ in first:
                 a.take(table)
@@ -300,10 +305,16 @@ class _Search:
             a.take(first)
             a.put(second.option, second.devices)
 
-    def descend(self, deadline: float) -> int:
+    def descend(self, deadline: float, deep: bool = False) -> int:
+        """Best steps until none lowers the busiest device; `deep`: then re-tiering steps too
+        (solvers.retier), and plain steps again after each."""
         steps = 0
         while time.monotonic() < deadline:
             step = self.best_step()
+            if step is None and deep and self.retier is not None:
+                costs = self.a.costs()
+                found = self.retier.best_step(float(costs.max()) * (1 - RELATIVE_STEP))
+                step = None if found is None else ("retier", found[1], None)
             if step is None:
                 break
             self.apply(step)
@@ -375,7 +386,9 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
     a function of the seed alone) or a plan at `target` (a lower bound). Leaves the best plan found in
     the assembly — never worse than the start — and returns statistics. In a replan, every descent ends
     with the pieces that moved for nothing going back (`_Search.reclaim`), so that kicks do not spend the
-    move budget."""
+    move budget. Where devices can be re-tiered (solvers.retier), the last RETIER_SHARE of the time goes
+    on from the best plan with descents that re-tier too: dearer steps, and plans full to the brim of HBM
+    that plain moves can no longer rearrange, so they come last."""
     rng = np.random.default_rng(seed)
     search = _Search(assembly, changes)
     start_value = assembly.objective()
@@ -385,19 +398,33 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
     kick_size = max(2, assembly.chosen.size // 50)
     rounds = 0
     target = target * (1 + 1e-12)
-    while (time.monotonic() < deadline and (max_rounds is None or rounds < max_rounds) and best_value > target
-           and assembly.k > 1):
-        rounds += 1
-        search.kick(rng, int(rng.integers(1, kick_size + 1)))
-        steps += search.descend(deadline)
-        search.reclaim()
-        value = assembly.objective()
-        if value <= best_value:
-            if value < best_value * (1 - RELATIVE_STEP):
-                best_value = value
-            best = assembly.snapshot()
-        else:
-            assembly.load(*best)
+
+    def iterate(stop: float, deep: bool, cap: int | None) -> None:
+        nonlocal steps, best, best_value, rounds
+        done = 0
+        while (time.monotonic() < stop and (cap is None or done < cap) and best_value > target
+               and assembly.k > 1):
+            rounds, done = rounds + 1, done + 1
+            search.kick(rng, int(rng.integers(1, kick_size + 1)))
+            steps += search.descend(deadline, deep)
+            search.reclaim()
+            value = assembly.objective()
+            if value <= best_value:
+                if value < best_value * (1 - RELATIVE_STEP):
+                    best_value = value
+                best = assembly.snapshot()
+            else:
+                assembly.load(*best)
+
+    now = time.monotonic()
+    deep = search.retier is not None
+    iterate(deadline - RETIER_SHARE * (deadline - now) if deep else deadline, False, max_rounds)
+    if deep and time.monotonic() < deadline and best_value > target:
+        assembly.load(*best)
+        steps += search.descend(deadline, deep=True)
+        if assembly.objective() < best_value:
+            best, best_value = assembly.snapshot(), assembly.objective()
+        iterate(deadline, True, 0 if max_rounds is not None else None)
     if not np.array_equal(assembly.snapshot()[1], best[1]):
         assembly.load(*best)
     return {"start_objective": start_value, "steps": steps, "kicks": rounds}

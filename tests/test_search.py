@@ -1,6 +1,9 @@
 """Local search's moves over memory tiers: the options its changes and kicks try (each table's lower convex
 hull of (HBM, work) per cut), and the trades of HBM between two tables that no single option change can
-make."""
+make; and re-tiering a device (its tables' kernels and caches re-chosen as a knapsack over its HBM), alone or with
+a table moved or swapped."""
+import itertools
+
 import numpy as np
 from conftest import examples, make_table
 from hypothesis import given
@@ -13,6 +16,7 @@ from instances.memory import HBM
 from solvers.assembly import Assembly
 from solvers.candidates import Candidates
 from solvers.choice import on_lower_hull, option_weight
+from solvers.retier import Retier
 from solvers.search import _Search, improve, split_greedy
 
 
@@ -113,3 +117,58 @@ def test_the_search_on_a_tiered_task_is_a_function_of_its_seed():
 
     first, again = searched(3), searched(3)
     assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+
+
+def _one_device(rows: list[int], poolings: list[float]) -> Assembly:
+    """Tables on one device with host memory for all of them, each placed in its leanest option."""
+    tables = tuple(make_table(f"t{i}", r, 16, p) for i, (r, p) in enumerate(zip(rows, poolings)))
+    need = sum(t.weight_bytes for t in tables)
+    instance = Instance("retier", tables, Topology(1, 1, 4 * need, host_memory_bytes=8 * need), Workload(batch_size=64),
+                        sharding_types=("table_wise",)).validate()
+    assembly = Assembly(Candidates.build(instance, get_oracle("analytic")))
+    for table, ids in enumerate(assembly.c.by_table):
+        assembly.put(int(ids[np.argmin(assembly.c.total_storage[ids, HBM])]), np.array([0]))
+    return assembly
+
+
+@examples(60)
+@given(st.lists(st.tuples(st.integers(200, 3000), st.floats(0.5, 40.0)), min_size=1, max_size=3),
+       st.floats(0.0, 1.0))
+def test_a_devices_re_tiering_is_the_cheapest_choice_that_fits(specs, share):
+    assembly = _one_device([r for r, _ in specs], [p for _, p in specs])
+    retier = Retier(assembly)
+    tables = list(range(len(specs)))
+    free = assembly.free[0] + retier.need[assembly.chosen].sum(axis=0)
+    budget = int(share * free[HBM])
+    limit = free.copy()
+    limit[HBM] = budget
+    found = retier.pick(retier.front(tables, budget), limit)
+    variants = [retier.variants[int(assembly.c.layout[int(assembly.chosen[t])])] for t in tables]
+    fitting = [sum(retier.cost[o] for o in combo) for combo in itertools.product(*variants)
+               if (retier.need[list(combo)].sum(axis=0) <= limit).all()]
+    if not fitting:
+        assert found is None
+        return
+    assert found is not None and np.isclose(found[0], min(fitting), rtol=1e-12)
+    assert [t for t, _ in found[1]] == tables
+    assert np.isclose(sum(retier.cost[o] for _, o in found[1]), found[0], rtol=1e-12)
+    assert (retier.need[[o for _, o in found[1]]].sum(axis=0) <= limit).all()
+
+
+def test_a_re_tiering_step_lowers_the_busiest_device_where_plain_steps_cannot():
+    # Under TorchRec's estimator, which prices host memory dearly, the first tiers task's local optimum of
+    # plain steps still leaves a re-tiering step (under `analytic` the plain steps already get there).
+    instance = sorted(load_instances("instances/sets/workloads-tiers-n40-k4-hbm0.5"), key=lambda i: i.id)[0]
+    candidates = Candidates.build(instance, get_oracle("torchrec"))
+    assembly = split_greedy(candidates)
+    search = _Search(assembly, changes=True)
+    search.descend(np.inf)
+    assert search.best_step() is None  # a local optimum of moves, swaps, option changes and trades
+    before = assembly.objective()
+    found = search.retier.best_step(before)
+    assert found is not None
+    value, changes = found
+    search.apply(("retier", changes, None))
+    assert np.isclose(assembly.objective(), value, rtol=1e-9) or assembly.objective() < value
+    assert assembly.objective() <= before and (assembly.free >= 0).all()
+    assert assembly.plan().validate(candidates.instance)
