@@ -36,11 +36,9 @@ class Retier:
     on one device), and the knapsack over a device's local tables."""
 
     def __init__(self, assembly: Assembly):
-        a = self.a = assembly
+        self.a = assembly
         c = self.c = assembly.c
-        first = c.options.first
-        self.cost = np.add.reduceat(c.single_costs, first)
-        self.need = np.add.reduceat(a.memory, first, axis=0)
+        self.cost, self.need = c.work, c.total_storage
         self.hbm = self.need[:, HBM]
         # A table's variants of each cut: every live option of the same layout (the knapsack is exact over
         # what it is given, so options off the convex hull stay: an integer packing may want them).

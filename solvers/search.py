@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -62,7 +63,11 @@ class _Search:
         self.weight = option_weight(self.c)
         self._siblings: dict[int, np.ndarray] = {}
         self.tiered = changes and self.c.trades_hbm
-        self.retier = Retier(assembly) if changes and usable(assembly) else None
+
+    @cached_property
+    def retier(self) -> Retier | None:
+        """Re-tiering steps, where they apply (built on first use: most descents never ask)."""
+        return Retier(self.a) if self.changes and usable(self.a) else None
 
     def free_pieces(self) -> np.ndarray:
         placed = self.a.placed()
@@ -416,9 +421,10 @@ def improve(assembly: Assembly, deadline: float, seed: int, max_rounds: int | No
             else:
                 assembly.load(*best)
 
-    now = time.monotonic()
     deep = search.retier is not None
-    iterate(deadline - RETIER_SHARE * (deadline - now) if deep else deadline, False, max_rounds)
+    # Without a deadline (max_rounds alone), every round is plain and the re-tiering descent comes once after.
+    last_share = deep and np.isfinite(deadline)
+    iterate(deadline - RETIER_SHARE * (deadline - time.monotonic()) if last_share else deadline, False, max_rounds)
     if deep and time.monotonic() < deadline and best_value > target:
         assembly.load(*best)
         steps += search.descend(deadline, deep=True)
@@ -470,7 +476,7 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     plan. That runs for each of MEMORY_SHARES (after the floors, `_choices`) while `deadline` allows; the
     best plan over every option and the best floor then each descend on option changes of the tables on
     the busiest device while that lowers it, and the better is kept. Past `deadline` each stage
-    returns what it has (the first plan is always built). With one option per table it is
+    returns what it has (choices are built until one gives a plan). With one option per table it is
     `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
     None where the move budget leaves a table no place."""
     if candidates.moves is not None:
@@ -494,7 +500,9 @@ def split_greedy(candidates: Candidates, changes: bool = True,
             stuck = stuck or found
         elif every_option not in best or found.objective() < best[every_option].objective():
             best[every_option] = found
-        if _past(deadline):
+        # Past the deadline, stop once some choice gave a plan: the HBM-only floor comes first and dead-ends
+        # where HBM is short, while TorchRec's default options next to it fit wherever host memory does.
+        if _past(deadline) and best:
             break
     if not best:
         return stuck

@@ -3,6 +3,7 @@ hull of (HBM, work) per cut), and the trades of HBM between two tables that no s
 make; and re-tiering a device (its tables' kernels and caches re-chosen as a knapsack over its HBM), alone or with
 a table moved or swapped."""
 import itertools
+import time
 
 import numpy as np
 from conftest import examples, make_table
@@ -112,7 +113,8 @@ def test_the_search_on_a_tiered_task_is_a_function_of_its_seed():
 
     def searched(seed: int):
         start = split_greedy(candidates)
-        improve(start, np.inf, seed, max_rounds=30, changes=True)
+        stats = improve(start, np.inf, seed, max_rounds=30, changes=True)
+        assert stats["kicks"] == 30  # every round runs without a deadline (then one re-tiering descent)
         return start.snapshot()
 
     first, again = searched(3), searched(3)
@@ -172,3 +174,13 @@ def test_a_re_tiering_step_lowers_the_busiest_device_where_plain_steps_cannot():
     assert np.isclose(assembly.objective(), value, rtol=1e-9) or assembly.objective() < value
     assert assembly.objective() <= before and (assembly.free >= 0).all()
     assert assembly.plan().validate(candidates.instance)
+
+
+def test_past_its_deadline_split_greedy_still_plans_where_hbm_is_short():
+    # Its first choice keeps every table in HBM where it fits, a dead end at HBM a quarter of the need (by
+    # TorchRec's storage count); past the deadline it goes on to TorchRec's default options, which fit.
+    instance = sorted(load_instances("instances/sets/workloads-tiers-n40-k4-hbm0.25"), key=lambda i: i.id)[0]
+    candidates = Candidates.build(instance, get_oracle("torchrec"))
+    found = split_greedy(candidates, deadline=time.monotonic())
+    assert isinstance(found, Assembly) and np.isfinite(found.objective())
+    assert found.plan().validate(instance)
