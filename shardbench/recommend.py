@@ -82,7 +82,7 @@ def rule_key(features: Features, granularity: str) -> str:
     parts = [size_class(features.tables), budget_class(features.budget),
              "additive" if features.additive else "non-additive", "splits" if features.split_share > 0 else "whole"]
     if features.host_memory:  # tiers enlarge every table's options and change what fits where
-        parts.append("tiers")
+        parts.append(f"tiers by {features.tier_pricing}" if features.tier_pricing else "tiers")
     if granularity == "fine":
         parts += ["tight" if features.tightness >= 0.8 else "roomy", "skewed" if features.heaviest >= 1 else "even"]
     return " | ".join(parts)
@@ -155,8 +155,9 @@ class Rules:
 
 
 _FEATURE_TYPES = {"tables": int, "devices": int, "nodes": int, "tightness": float, "heaviest": float,
-                  "cost_cv": float, "split_share": float, "additive": bool, "budget": float, "host_memory": bool}
-_LATER_FEATURES = {"host_memory"}  # rules files written before these features lack them (Features' defaults)
+                  "cost_cv": float, "split_share": float, "additive": bool, "budget": float, "host_memory": bool,
+                  "tier_pricing": str}
+_LATER_FEATURES = {"host_memory", "tier_pricing"}  # rules files written before these features lack them (Features' defaults)
 _ROW_NUMBERS = ("mean_regret", "max_regret", "mean_time")
 _ROW_COUNTS = ("within", "misses", "workloads")
 _ROW_KEYS = {"solver", *_ROW_NUMBERS, *_ROW_COUNTS}
@@ -201,9 +202,10 @@ def _rules_problem(data) -> str | None:
             if name not in features:
                 continue
             value = features[name]
-            ok = isinstance(value, bool) if kind is bool else _number(value, integer=kind is int)
+            ok = isinstance(value, kind) if kind in (bool, str) else _number(value, integer=kind is int)
             if not ok:
-                return f"{where}.features.{name}: must be a {'boolean' if kind is bool else 'finite number >= 0'}"
+                wanted = {bool: "boolean", str: "string"}.get(kind, "finite number >= 0")
+                return f"{where}.features.{name}: must be a {wanted}"
         results = w.get("results")
         if not isinstance(results, dict) or not results or not all(
                 isinstance(r, dict) and set(r) == {"objective", "time", "status"} and isinstance(r["status"], str)

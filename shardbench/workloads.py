@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from costmodels import get_oracle, is_costly, oracle_is_additive
+from costmodels import get_oracle, is_costly, oracle_is_additive, oracle_prices_tiers
 from instances import HBM, Instance
 
 # A table "worth splitting" carries at least this share of the balanced load alone: splitting it lets
@@ -28,7 +28,9 @@ class Features:
     the costliest table alone over the balanced load (Σ costs / devices; lookup work for an oracle that is
     costly to build) — above 1 no whole-table plan balances; `cost_cv`: coefficient of variation of the per-table costs; `split_share`: share of tables
     that allow a split and carry ≥ SPLIT_WORTH_SHARE of the balanced load; `additive`: the oracle's cost of a
-    device is the sum of its tables'; `budget`: seconds."""
+    device is the sum of its tables'; `budget`: seconds; `tier_pricing`: where tables may live in host
+    memory, the oracle that prices them there by their kernel (`analytic` or `torchrec`; '' otherwise) —
+    TorchRec's estimator prices host memory far more dearly than `analytic`, which changes which planner wins."""
 
     tables: int
     devices: int
@@ -40,6 +42,7 @@ class Features:
     additive: bool
     budget: float
     host_memory: bool = False  # rules files written before memory tiers lack it: none of their workloads had any
+    tier_pricing: str = ""     # and rules files written before it: their tiered workloads were all under analytic
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -65,7 +68,8 @@ def workload_features(instance: Instance, oracle_name: str, budget: float) -> Fe
                     heaviest=float(costs.max() / balanced) if balanced > 0 else 0.0,
                     cost_cv=float(costs.std() / mean) if mean > 0 else 0.0,
                     split_share=float((splittable & worth).mean()),
-                    additive=bool(additive), budget=float(budget), host_memory=instance.uses_host_memory)
+                    additive=bool(additive), budget=float(budget), host_memory=instance.uses_host_memory,
+                    tier_pricing=oracle_name if instance.uses_host_memory and oracle_prices_tiers(oracle_name) else "")
 
 
 def size_class(tables: int) -> str:
@@ -78,11 +82,13 @@ def budget_class(budget: float) -> str:
 
 def log_distance(a: Features, b: Features) -> float:
     """How far two workloads are apart: log ratios of the sizes, budget and tightness, the skew and split
-    share as they are, and a step for a different oracle kind or for host memory on one side only."""
+    share as they are, and a step for a different oracle kind, for host memory on one side only, or for
+    tiers priced by another oracle."""
     def log_ratio(x: float, y: float) -> float:
         return abs(math.log(max(x, 1e-9) / max(y, 1e-9)))
 
     return (log_ratio(a.tables, b.tables) + log_ratio(a.devices, b.devices) + log_ratio(a.budget, b.budget)
             + log_ratio(min(a.tightness, MAX_TIGHTNESS), min(b.tightness, MAX_TIGHTNESS))
             + abs(min(a.heaviest, 3) - min(b.heaviest, 3)) + abs(a.split_share - b.split_share)
-            + (0.0 if a.additive == b.additive else 2.0) + (0.0 if a.host_memory == b.host_memory else 2.0))
+            + (0.0 if a.additive == b.additive else 2.0) + (0.0 if a.host_memory == b.host_memory else 2.0)
+            + (0.0 if a.tier_pricing == b.tier_pricing else 1.0))

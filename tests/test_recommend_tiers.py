@@ -38,10 +38,19 @@ def test_tiered_features_are_hbm_tightness_and_host_memory(oracle, hbm):
     assert f.tightness == pytest.approx(1 / hbm, rel=1e-6)  # HBM per device is ⌈hbm × need / devices⌉ bytes
     # Host memory changes no other feature: the same tables and HBM without it give the same values.
     bare = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, host_memory_bytes=0))
-    assert dataclasses.replace(f, host_memory=False) == workload_features(bare, oracle, 1.0)
+    assert dataclasses.replace(f, host_memory=False, tier_pricing="") == workload_features(bare, oracle, 1.0)
+    # Which oracle prices the tiers: analytic does, the lookup table does not.
+    assert f.tier_pricing == ("analytic" if oracle == "analytic" else "")
     # Host memory that no allowed kernel may use is none.
     hbm_only = instance.restricted_to_kernels(("fused", "dense"))
     assert not workload_features(hbm_only, oracle, 1.0).host_memory
+    assert workload_features(hbm_only, oracle, 1.0).tier_pricing == ""
+
+
+def test_tiers_priced_by_torchrec_are_named_without_building_its_estimator():
+    f = workload_features(_task(0.5, HOST), "torchrec", 1.0)
+    assert f.host_memory and f.tier_pricing == "torchrec"
+    assert workload_features(_task(1.3, None), "torchrec", 1.0).tier_pricing == ""
 
 
 def test_an_instance_without_host_memory_keeps_its_features():
@@ -57,6 +66,14 @@ def test_rule_keys_and_distances_tell_tiered_workloads_apart():
         assert rule_key(tiered, granularity) != rule_key(flat, granularity)
         assert "tiers" in rule_key(tiered, granularity) and "tiers" not in rule_key(flat, granularity)
     assert log_distance(flat, tiered) == pytest.approx(2.0)
+    # Tiers priced by TorchRec's estimator are a group of their own, apart from those priced by analytic
+    # (and from rules files that predate the feature, whose tiered workloads carry '').
+    by_analytic, by_torchrec = (dataclasses.replace(tiered, tier_pricing=o) for o in ("analytic", "torchrec"))
+    for granularity in ("coarse", "fine"):
+        keys = {rule_key(f, granularity) for f in (tiered, by_analytic, by_torchrec)}
+        assert len(keys) == 3 and all("tiers" in k for k in keys)
+        assert "tiers by torchrec" in rule_key(by_torchrec, granularity)
+    assert log_distance(by_analytic, by_torchrec) == pytest.approx(1.0)
     # HBM at a quarter of the need is farther from half of it than from itself (not capped at 2).
     quarter = dataclasses.replace(tiered, tightness=4.0)
     assert log_distance(tiered, quarter) > 0
@@ -93,7 +110,7 @@ def test_the_family_suite_parses_and_its_instances_validate():
     suites = load_suites(SUITE)
     assert [s.name for s in suites] == [f"workloads-tiers-40x4-hbm{h}" for h in ("0.25", "0.5", "0.75")]
     for suite, hbm in zip(suites, (0.25, 0.5, 0.75)):
-        assert suite.oracles == ("analytic",) and suite.time_limits == (0.1, 1.0, 10.0) and suite.workers == 2
+        assert suite.oracles == ("analytic", "torchrec") and suite.time_limits == (0.1, 1.0, 10.0) and suite.workers == 2
         instances = load_instances(suite.instances)  # validates each
         assert len(instances) == 5
         for instance in instances:
