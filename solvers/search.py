@@ -476,7 +476,7 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     plan. That runs for each of MEMORY_SHARES (after the floors, `_choices`) while `deadline` allows; the
     best plan over every option and the best floor then each descend on option changes of the tables on
     the busiest device while that lowers it, and the better is kept. Past `deadline` each stage
-    returns what it has (choices are built until one gives a plan). With one option per table it is
+    returns what it has (choices are built until one over every option gives a plan). With one option per table it is
     `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
     None where the move budget leaves a table no place."""
     if candidates.moves is not None:
@@ -500,9 +500,10 @@ def split_greedy(candidates: Candidates, changes: bool = True,
             stuck = stuck or found
         elif every_option not in best or found.objective() < best[every_option].objective():
             best[every_option] = found
-        # Past the deadline, stop once some choice gave a plan: the HBM-only floor comes first and dead-ends
-        # where HBM is short, while TorchRec's default options next to it fit wherever host memory does.
-        if _past(deadline) and best:
+        # Past the deadline, stop once a choice over every option gave a plan: the floors come first (the
+        # HBM-only one dead-ends where HBM is short, TorchRec's defaults fit but serve hot tables from
+        # host memory), and one unrefined plan over every option costs a construction more.
+        if _past(deadline) and True in best:
             break
     if not best:
         return stuck

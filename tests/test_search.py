@@ -14,11 +14,11 @@ from costmodels import get_oracle
 from instances import Instance, Topology, Workload, load_instances
 from instances.kernels import FUSED, FUSED_UVM_CACHING
 from instances.memory import HBM
-from solvers.assembly import Assembly
+from solvers.assembly import Assembly, Stuck
 from solvers.candidates import Candidates
 from solvers.choice import on_lower_hull, option_weight
 from solvers.retier import Retier
-from solvers.search import _Search, improve, split_greedy
+from solvers.search import _at_share, _choices, _Search, improve, split_greedy
 
 
 def _beaten(points: list[tuple[int, int]], m: int, c: int) -> bool:
@@ -176,11 +176,29 @@ def test_a_re_tiering_step_lowers_the_busiest_device_where_plain_steps_cannot():
     assert assembly.plan().validate(candidates.instance)
 
 
-def test_past_its_deadline_split_greedy_still_plans_where_hbm_is_short():
-    # Its first choice keeps every table in HBM where it fits, a dead end at HBM a quarter of the need (by
-    # TorchRec's storage count); past the deadline it goes on to TorchRec's default options, which fit.
+def _past_deadline_plans(oracle: str):
+    """split-greedy's plan past its deadline on the first HBM-0.25 tiers task, and its first three choices'
+    plans (the two floors, then the first over every option), each unrefined."""
     instance = sorted(load_instances("instances/sets/workloads-tiers-n40-k4-hbm0.25"), key=lambda i: i.id)[0]
-    candidates = Candidates.build(instance, get_oracle("torchrec"))
+    candidates = Candidates.build(instance, get_oracle(oracle))
     found = split_greedy(candidates, deadline=time.monotonic())
-    assert isinstance(found, Assembly) and np.isfinite(found.objective())
-    assert found.plan().validate(instance)
+    assert isinstance(found, Assembly) and found.plan().validate(instance)
+    weight = option_weight(candidates)
+    choices = _choices(candidates, True, weight)
+    assert [c.allowed is None for c in choices[:3]] == [False, False, True]
+    return found, [_at_share(candidates, True, time.monotonic(), weight, choice) for choice in choices[:3]]
+
+
+def test_past_its_deadline_split_greedy_goes_past_a_dead_end_floor():
+    # By TorchRec's storage count the HBM-only floor is a dead end at HBM a quarter of the need.
+    found, plans = _past_deadline_plans("torchrec")
+    assert isinstance(plans[0], Stuck) and all(isinstance(p, Assembly) for p in plans[1:])
+    assert found.objective() <= min(p.objective() for p in plans[1:]) * (1 + 1e-12)
+
+
+def test_past_its_deadline_split_greedy_builds_a_plan_over_every_option():
+    # Under `analytic` both floors plan, and the first choice over every option is far better than either.
+    found, plans = _past_deadline_plans("analytic")
+    assert all(isinstance(p, Assembly) for p in plans)
+    floors = min(p.objective() for p in plans[:2])
+    assert found.objective() <= plans[2].objective() * (1 + 1e-12) < floors / 2
