@@ -1,12 +1,13 @@
 """Re-tiering devices in local search, for additive oracles: the tables that live on one device alone
 re-choose kernel and cache among their options cut the same way, for the least total cost within the
-HBM that device has for them — a multiple-choice knapsack, solved exactly by dynamic programming over
-the Pareto front of (HBM bytes, cost) — and a table moves or
-swaps between the busiest device and another with both devices re-tiered at once. That is the trade of
-HBM a single option change, move or in-place trade cannot make: a table leaves, and the tables it leaves
-behind grow into the bytes it freed."""
+HBM that device has for them — a multiple-choice knapsack, solved by dynamic programming over the
+Pareto front of (HBM bytes, cost), exact while the front stays below FRONT_STATES states — and a table
+moves or swaps between the busiest device and another with both devices re-tiered at once. That is the
+trade of HBM a single option change, move or in-place trade cannot make: a table leaves, and the tables
+it leaves behind grow into the bytes it freed."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +16,7 @@ from instances.memory import HBM
 
 from .assembly import Assembly
 
+FRONT_STATES = 1024  # a knapsack's Pareto front is thinned to about this many states per table added
 SWAP_PARTNERS = 60   # per target device, its lightest local tables tried in a swap
 
 
@@ -80,6 +82,11 @@ class Retier:
             # Along rising HBM, a state is kept only where it costs less than every state before it.
             ordered = c[order]
             kept = order[np.r_[True, ordered[1:] < np.minimum.accumulate(ordered)[:-1]]]
+            if kept.size > FRONT_STATES:
+                # Thinned to the cheapest state per HBM bucket: still exact in bytes (every state is a real
+                # choice), no longer exact in cost (a device with 40 tables under `analytic` kept ~10^4).
+                bucket = (h[kept] * (FRONT_STATES / max(budget, 1))).astype(np.int64)
+                kept = kept[np.r_[bucket[1:] != bucket[:-1], True]]
             hbm, cost = h[kept], c[kept]
             stages = (*stages, (t, ids, kept // ids.size, kept % ids.size))
         return _Front(hbm, cost, stages)
@@ -100,11 +107,12 @@ class Retier:
             return None
         return total, chosen
 
-    def best_step(self, ceiling: float) -> tuple[float, list[tuple[int, int, int]]] | None:
+    def best_step(self, ceiling: float, deadline: float = np.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
         """The re-tiering of the busiest device alone, or a move or swap of one of its whole local tables
         with another device and both re-tiered, whose busier device ends lowest, if below `ceiling`: its
         value and the changes as (table, option, device). The fronts of each device's tables less one are
-        built once per step and extended by the table that comes in."""
+        built once per step and extended by the table that comes in. Past `deadline` the candidates not yet
+        tried are left (a step at 200 × 16 tries thousands of knapsacks) and the best so far returned."""
         a = self.a
         top = int(np.argmax(a.costs()))
         here = self.local_tables(top)
@@ -127,6 +135,8 @@ class Retier:
         for device in range(a.k):
             if device == top:
                 continue
+            if time.monotonic() >= deadline:
+                break
             theirs = self.local_tables(device)
             fixed, free = self.room(device, theirs)
             budget = int(free[HBM])
@@ -139,6 +149,8 @@ class Retier:
                 continue
             alone = self.pick(kept, free_top)
             for device, (fixed, free, all_theirs, without) in others.items():
+                if time.monotonic() >= deadline:
+                    break
                 if alone is not None and fixed_top + alone[0] < best_value and all_theirs is not None:
                     consider(alone, fixed_top, self.pick(self.front([t], int(free[HBM]), all_theirs), free), fixed,
                              device)

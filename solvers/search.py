@@ -318,7 +318,7 @@ class _Search:
             step = self.best_step()
             if step is None and deep and self.retier is not None:
                 costs = self.a.costs()
-                found = self.retier.best_step(float(costs.max()) * (1 - RELATIVE_STEP))
+                found = self.retier.best_step(float(costs.max()) * (1 - RELATIVE_STEP), deadline)
                 step = None if found is None else ("retier", found[1], None)
             if step is None:
                 break
