@@ -157,7 +157,8 @@ class Rules:
 _FEATURE_TYPES = {"tables": int, "devices": int, "nodes": int, "tightness": float, "heaviest": float,
                   "cost_cv": float, "split_share": float, "additive": bool, "budget": float, "host_memory": bool,
                   "tier_pricing": str}
-_LATER_FEATURES = {"host_memory", "tier_pricing"}  # rules files written before these features lack them (Features' defaults)
+# Rules files written before these features lack them (then Features' defaults).
+_LATER_FEATURES = {"host_memory", "tier_pricing"}
 _ROW_NUMBERS = ("mean_regret", "max_regret", "mean_time")
 _ROW_COUNTS = ("within", "misses", "workloads")
 _ROW_KEYS = {"solver", *_ROW_NUMBERS, *_ROW_COUNTS}

@@ -35,7 +35,7 @@ from .retier import Retier, usable
 RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
 OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
 OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a table's option (when splitting)
-RETIER_SHARE = 0.25  # of local search's time, the last share that descends with re-tiering steps too
+RETIER_SHARE = 0.25           # of local search's time, the last share that descends with re-tiering steps too
 TRADE_DONORS = 3              # per trade, the donors (best first by the vectorised screen) checked on the device state
 
 
@@ -476,8 +476,8 @@ def split_greedy(candidates: Candidates, changes: bool = True,
     plan. That runs for each of MEMORY_SHARES (after the floors, `_choices`) while `deadline` allows; the
     best plan over every option and the best floor then each descend on option changes of the tables on
     the busiest device while that lowers it, and the better is kept. Past `deadline` each stage
-    returns what it has (choices are built until one over every option gives a plan). With one option per table it is
-    `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
+    returns what it has (choices are built until one over every option gives a plan). With one option
+    per table it is `best-greedy`. Given a previous plan, it starts from that plan instead (`replanned`), and returns
     None where the move budget leaves a table no place."""
     if candidates.moves is not None:
         return replanned(candidates, changes, deadline)

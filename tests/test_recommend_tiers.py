@@ -110,7 +110,8 @@ def test_the_family_suite_parses_and_its_instances_validate():
     suites = load_suites(SUITE)
     assert [s.name for s in suites] == [f"workloads-tiers-40x4-hbm{h}" for h in ("0.25", "0.5", "0.75")]
     for suite, hbm in zip(suites, (0.25, 0.5, 0.75)):
-        assert suite.oracles == ("analytic", "torchrec") and suite.time_limits == (0.1, 1.0, 10.0) and suite.workers == 2
+        assert suite.oracles == ("analytic", "torchrec")
+        assert suite.time_limits == (0.1, 1.0, 10.0) and suite.workers == 2
         instances = load_instances(suite.instances)  # validates each
         assert len(instances) == 5
         for instance in instances:
