@@ -7,7 +7,8 @@ AutoShard Alg. 2/3: 5 warm-ups, 10 timed runs, each after a cache flush (a write
 cache or the GPU's L2), CUDA events on a GPU, the mean of the runs left after dropping the 2 highest and 2
 lowest. On a GPU each run is queued behind a spin kernel that lasts longer than the host takes to launch it,
 so the events time the kernels back to back, not the host's launch latency. Communication is the analytic
-term (one process sees no network); the cached record says so. Measurements are cached on disk by table set, placement, device and versions."""
+term (one process sees no network); the cached record says so. Measurements are cached on disk by table
+set, placement, device and versions."""
 from __future__ import annotations
 
 import hashlib
