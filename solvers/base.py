@@ -35,6 +35,11 @@ def wall_limit(time_limit: float) -> float:
     return 1.1 * time_limit + 2.0
 
 
+def past(deadline: float | None) -> bool:
+    """Whether a monotonic-clock deadline (None: none) has passed."""
+    return deadline is not None and time.monotonic() >= deadline
+
+
 class Status(str, Enum):
     OPTIMAL = "optimal"        # proven optimal under the oracle
     FEASIBLE = "feasible"      # a valid plan, optimality not proven

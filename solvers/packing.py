@@ -6,11 +6,10 @@ the makespan (hundreds of tables on 128 devices), balancing greedily leaves no r
 whole and splits them at twice their work; packing keeps them whole."""
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from .assembly import Assembly, Trial
+from .base import past
 from .choice import MEMORY_SHARES, RELATIVE_STEP, choose_options
 from .candidates import Candidates
 
@@ -94,7 +93,7 @@ def packed(candidates: Candidates, low: float, best: Assembly | None, weight: np
             return None
         high = found.objective()
     for _ in range(PACKING_STEPS):
-        if high <= low * (1 + 1e-6) or (deadline is not None and time.monotonic() >= deadline):
+        if high <= low * (1 + 1e-6) or past(deadline):
             break
         target = (low + high) / 2
         trial = next((a for a in (pack(candidates, target, weight, fit, memory_share, allowed) for fit in FITS)

@@ -7,7 +7,6 @@ trade of HBM a single option change, move or in-place trade cannot make: a table
 it leaves behind grow into the bytes it freed."""
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -15,6 +14,7 @@ import numpy as np
 from instances.memory import HBM
 
 from .assembly import Assembly
+from .base import past
 
 FRONT_STATES = 1024  # a knapsack's Pareto front is thinned to about this many states per table added
 SWAP_PARTNERS = 60   # per target device, its lightest local tables tried in a swap
@@ -107,7 +107,8 @@ class Retier:
             return None
         return total, chosen
 
-    def best_step(self, ceiling: float, deadline: float = np.inf) -> tuple[float, list[tuple[int, int, int]]] | None:
+    def best_step(self, ceiling: float,
+                  deadline: float | None = None) -> tuple[float, list[tuple[int, int, int]]] | None:
         """The re-tiering of the busiest device alone, or a move or swap of one of its whole local tables
         with another device and both re-tiered, whose busier device ends lowest, if below `ceiling`: its
         value and the changes as (table, option, device). The fronts of each device's tables less one are
@@ -135,7 +136,7 @@ class Retier:
         for device in range(a.k):
             if device == top:
                 continue
-            if time.monotonic() >= deadline:
+            if past(deadline):
                 break
             theirs = self.local_tables(device)
             fixed, free = self.room(device, theirs)
@@ -149,7 +150,7 @@ class Retier:
                 continue
             alone = self.pick(kept, free_top)
             for device, (fixed, free, all_theirs, without) in others.items():
-                if time.monotonic() >= deadline:
+                if past(deadline):
                     break
                 if alone is not None and fixed_top + alone[0] < best_value and all_theirs is not None:
                     consider(alone, fixed_top, self.pick(self.front([t], int(free[HBM]), all_theirs), free), fixed,

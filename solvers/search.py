@@ -23,6 +23,7 @@ from .base import (
     SolveResult,
     Status,
     order_by_cost,
+    past,
     register,
 )
 from .baselines import random_assignment
@@ -503,7 +504,7 @@ def split_greedy(candidates: Candidates, changes: bool = True,
         # Past the deadline, stop once a choice over every option gave a plan: the floors come first (the
         # HBM-only one dead-ends where HBM is short, TorchRec's defaults fit but serve hot tables from
         # host memory), and one unrefined plan over every option costs a construction more.
-        if _past(deadline) and True in best:
+        if past(deadline) and True in best:
             break
     if not best:
         return stuck
@@ -568,7 +569,7 @@ def _at_share(candidates: Candidates, changes: bool, deadline: float | None, wei
     if changes and best is not None and not choice.floor:
         low, high = target_bound(candidates), best.objective()
         for _ in range(LEVEL_STEPS):
-            if high <= low * (1 + 1e-6) or _past(deadline):
+            if high <= low * (1 + 1e-6) or past(deadline):
                 break
             level = (low + high) / 2
             trial, _ = build(level, "cost")
@@ -583,13 +584,9 @@ def _at_share(candidates: Candidates, changes: bool, deadline: float | None, wei
     return best if best is not None else stuck
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
-
-
 def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> None:
     search = _Search(assembly, changes=True, hull=False)
-    while not _past(deadline):
+    while not past(deadline):
         costs = assembly.costs()
         top = int(np.argmax(costs))
         step, value = None, costs[top] * (1 - RELATIVE_STEP)
