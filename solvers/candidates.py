@@ -14,7 +14,7 @@ Ties keep the option enumerated first. Pruning never removes the last option of 
 over the pruned set is an optimum over all options."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -166,6 +166,11 @@ class Candidates:
         if priced.additive:
             candidates._prune_dominated()
         return candidates
+
+    def restricted(self, keep: np.ndarray) -> "Candidates":
+        """The same priced options with only those `keep` marks (a mask over options, within the live ones)
+        live: a neighbourhood a solver searches first. Bounds over it hold over its options alone."""
+        return replace(self, live=self.live & keep, pruned=dict(self.pruned), memo={})
 
     # ------------------------------------------------------------ structure
 

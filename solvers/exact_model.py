@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from instances.memory import HBM
 from instances.moves import plan_moved_bytes
 
 from .assembly import Assembly
@@ -33,6 +34,7 @@ from .base import (
 )
 from .bounds import best_option_bound, lp_bound
 from .candidates import Candidates, Problem
+from .choice import summed_knapsack
 from .search import searched, send_back
 
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
@@ -40,6 +42,18 @@ HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start 
 # DLRM tasks they returned its start at 10 s, while a longer start closed a third of the gap): half the
 # budget goes to the start there.
 SPLIT_HEURISTIC_SHARE = 0.5
+# Where tables trade HBM for cost (memory tiers), the per-device packing, not the option choice, is what the
+# search gets wrong: its plans cost several % more work than the knapsack over HBM summed over devices,
+# while the model cut down to that knapsack's options and their hull neighbours (`neighbourhoods`) packs
+# within ~2 % of it in seconds. So the start gets a smaller share there, the neighbourhoods, widening, run
+# up to their share of the budget, and the whole model the rest.
+TIERED_HEURISTIC_SHARE = 0.1
+NEIGHBOURHOOD_SHARE = 0.8
+KNAPSACK_SHARE = 0.05        # of the budget, the most the neighbourhood's knapsack may take
+# Per side, the hull options next to the knapsack's that each neighbourhood keeps, narrowest first: the
+# narrowest packs best within seconds, a wider one hinted with its plan then improves on it (4 of 5 tiered
+# tasks) or escapes where the narrowest packs badly.
+HULL_NEIGHBOURS = (1, 2)
 MAX_MODEL_VARIABLES = 250_000  # beyond this building the model alone eats the budget on 2 cores
 
 
@@ -63,6 +77,17 @@ class ExactStart:
         the model to do."""
         return self.objective() <= self.lower_bound * (1 + max(gap, OPTIMALITY_TOLERANCE))
 
+    def improved(self, candidates: Candidates, found: tuple[list[int], np.ndarray] | None) -> "ExactStart":
+        """The start with `found` (options and devices over `candidates`) as its plan where that costs less;
+        the bound stays."""
+        if found is None:
+            return self
+        assembly = Assembly(candidates)
+        assembly.load(np.asarray(found[0]), np.asarray(found[1]))
+        if assembly.objective() >= self.objective():
+            return self
+        return ExactStart(assembly, self.lower_bound, self.failure)
+
 
 def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
     candidates = problem.candidates
@@ -70,9 +95,52 @@ def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
     if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    deadline = budget.share(SPLIT_HEURISTIC_SHARE if problem.chooses_options else HEURISTIC_SHARE)
-    assembly, failure, _ = searched(problem, budget, seed, deadline, bound)
+    share = (HEURISTIC_SHARE if not problem.chooses_options else
+             TIERED_HEURISTIC_SHARE if tiered(candidates) else SPLIT_HEURISTIC_SHARE)
+    assembly, failure, _ = searched(problem, budget, seed, budget.share(share), bound)
     return ExactStart(assembly, bound, failure)
+
+
+def tiered(candidates: Candidates) -> bool:
+    """Whether the model gets a neighbourhood first: tables trade HBM for cost, and it is not a replan."""
+    return candidates.moves is None and candidates.trades_hbm
+
+
+def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
+    """Where `tiered`, the candidates cut down to each table's option in the knapsack over memory summed over
+    devices (solvers.choice.summed_knapsack) and, for each width in HULL_NEIGHBOURS, that many options
+    either side of it on its layout's (HBM, work) hull; none elsewhere, or where the knapsack returns
+    nothing in its share of the budget. What a model proves over one bounds nothing beyond it."""
+    if not tiered(candidates):
+        return []
+    seconds = min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit)
+    centre = summed_knapsack(candidates, seconds)
+    if centre is None:
+        return []
+    # A piece dearer than the average load the knapsack leaves sets the makespan alone: choose again among
+    # options whose pieces stay below that load.
+    level = float(candidates.work[centre].sum()) / candidates.num_devices
+    if candidates.biggest[centre].max() > level:
+        centre = summed_knapsack(candidates, seconds, level)
+        if centre is None:
+            return []
+    hbm = candidates.total_storage[:, HBM]
+    lines = []
+    for table, option in enumerate(centre):
+        hull = candidates.search_options[table]
+        line = hull[candidates.layout[hull] == candidates.layout[option]]
+        line = line[np.argsort(hbm[line], kind="stable")]
+        at = np.flatnonzero(line == option)
+        lines.append((int(option), line, int(at[0]) if at.size else None))
+    cut = []
+    for width in HULL_NEIGHBOURS:
+        keep = np.zeros(candidates.live.size, dtype=bool)
+        for option, line, at in lines:
+            keep[option] = True
+            if at is not None:
+                keep[line[max(0, at - width): at + width + 1]] = True
+        cut.append(candidates.restricted(keep))
+    return cut
 
 
 # ---------------------------------------------------------------- the model, once

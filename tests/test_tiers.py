@@ -13,17 +13,30 @@ from hypothesis import strategies as st
 from test_sharding import QUICK, brute_force_over_options
 
 from costmodels import get_oracle
-from instances import Instance, Plan, PlanError, Shard, TableSharding, Topology, Workload, load_plan, save_instance
+from instances import (
+    Instance,
+    Plan,
+    PlanError,
+    Shard,
+    TableSharding,
+    Topology,
+    Workload,
+    load_instance,
+    load_instances,
+    load_plan,
+    save_instance,
+)
 from instances.kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE, kernel_problem
 from instances.memory import CACHE_MAP_BYTES_PER_ROW, CACHE_STATE_BYTES_PER_SLOT, storage
 from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
 from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
-from solvers.choice import MEMORY_SHARES, choose_options
-from solvers.base import OPTIMALITY_TOLERANCE
+from solvers.choice import MEMORY_SHARES, choose_options, summed_knapsack
+from solvers.base import OPTIMALITY_TOLERANCE, Budget
 from solvers.candidates import Problem
 from solvers.choice import option_weight
+from solvers.exact_model import HULL_NEIGHBOURS, neighbourhoods
 
 GIB = 2**30
 
@@ -374,3 +387,62 @@ def test_a_plan_that_contradicts_its_instance_is_refused(tmp_path, capsys):
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "t0: cache load factor 0.05" in err[0]
     assert not (tmp_path / "plan.pt").exists()
+
+
+@examples(25)
+@given(tiny_tiered_instances(max_tables=3), st.sampled_from([np.inf, 0.5, 2.0]))
+def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_devices(instance, level):
+    """Against brute force over every choice of options (one per table, pieces below the level where the
+    table has such options): none fits the capacity summed over devices with less work."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    assume(all(ids.size for ids in candidates.by_table))
+    level = level * max(float(candidates.biggest[ids].min()) for ids in candidates.by_table)
+    capacity = instance.capacity.sum(axis=0)
+    pools = []
+    for ids in candidates.by_table:
+        below = ids[candidates.biggest[ids] <= level * (1 + 1e-12)]
+        pools.append(below if below.size else ids[candidates.biggest[ids] == candidates.biggest[ids].min()])
+    fitting = [list(combo) for combo in itertools.product(*pools)
+               if all(candidates.total_storage[list(combo), tier].sum() <= capacity[tier]
+                      for tier in candidates.binding_tiers)]
+    chosen = summed_knapsack(candidates, 10.0, level)
+    if not fitting:
+        assert chosen is None
+        return
+    assert chosen is not None and all(o in pool for o, pool in zip(chosen, pools))
+    assert all(candidates.total_storage[chosen, tier].sum() <= capacity[tier] for tier in candidates.binding_tiers)
+    least = min(candidates.work[combo].sum() for combo in fitting)
+    assert candidates.work[chosen].sum() <= least * (1 + 1e-6) + 1e-15
+
+
+def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options():
+    instance = sorted(load_instances("instances/sets/workloads-tiers-n40-k4-hbm0.5"), key=lambda i: i.id)[0]
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    live = candidates.live.copy()
+    cuts = neighbourhoods(candidates, Budget(10.0).begun())
+    assert len(cuts) == len(HULL_NEIGHBOURS) > 1
+    assert np.array_equal(candidates.live, live)  # the candidates themselves are untouched
+    centre = summed_knapsack(candidates, 10.0)
+    for narrow, wide in zip(cuts, cuts[1:]):
+        assert (narrow.live <= wide.live).all() and wide.live.sum() > narrow.live.sum()
+    for cut in cuts:
+        assert (cut.live <= live).all() and cut.live.sum() < live.sum()
+        assert cut.live[centre].all()
+        assert all(ids.size for ids in cut.by_table)
+    # Without host memory no table trades HBM for cost: no neighbourhood.
+    hbm_only = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, host_memory_bytes=0))
+    assert neighbourhoods(Candidates.build(hbm_only.validate(), get_oracle("analytic")), Budget(10.0).begun()) == []
+
+
+def test_cpsat_under_torchrec_packs_the_neighbourhoods_first_and_bounds_only_over_every_option():
+    """On a tiered 80 × 8 task: CP-SAT runs the neighbourhoods, their plan is at least as good as the start,
+    and the bound it reports is the whole model's (at most the LP over every option's), never one of a
+    neighbourhood."""
+    path = "instances/sets/tiers-n80-k8-hbm0.5/autoshard-n80-k8-s0-test-094.json"
+    instance, oracle = load_instance(path), get_oracle("torchrec")
+    result = run_solver("cpsat", instance, oracle, Budget(4.0), 0)
+    widening = result.stats["neighbourhoods"]
+    assert [w["options"] for w in widening] == sorted(w["options"] for w in widening)
+    assert result.status == Status.FEASIBLE
+    assert result.objective <= min(w["objective"] for w in widening) * (1 + 1e-9)
+    assert result.lower_bound <= lp_bound(Candidates.build(instance, oracle)) * (1 + 1e-9)
