@@ -114,18 +114,23 @@ def on_lower_hull(memory: np.ndarray, cost: np.ndarray) -> np.ndarray:
 KNAPSACK_GAP = 1e-6  # relative: how far from the least work HiGHS may stop
 
 
-def summed_knapsack(candidates, time_limit: float) -> np.ndarray | None:
+def summed_knapsack(candidates, time_limit: float, level: float = np.inf) -> np.ndarray | None:
     """Per table, the option of least total work such that every tier that may bind holds the chosen
     options' bytes summed over all tables within the capacity summed over all devices: the knapsack the LP
     bound relaxes, solved whole (HiGHS through scipy, to KNAPSACK_GAP) within `time_limit` seconds. Unlike
     `choose_options`, it is exact, so it ends where HBM is full rather than where the greedy's last hull
-    step overshoots. None where HiGHS returns no choice in time."""
+    step overshoots. Options whose largest piece costs more than `level` are left out (all but those with
+    the smallest largest piece, where a table has none below it). None where HiGHS returns no choice in
+    time."""
     from scipy.optimize import Bounds, LinearConstraint, milp
     from scipy.sparse import coo_matrix
 
-    by_table = candidates.by_table
-    if any(ids.size == 0 for ids in by_table):
+    if any(ids.size == 0 for ids in candidates.by_table):
         return None
+    by_table = []
+    for ids in candidates.by_table:
+        below = candidates.biggest[ids] <= level * (1 + RELATIVE_STEP)
+        by_table.append(ids[below] if below.any() else ids[candidates.biggest[ids] == candidates.biggest[ids].min()])
     live = np.concatenate(by_table)
     rows = np.concatenate([np.full(ids.size, t) for t, ids in enumerate(by_table)])
     one_each = coo_matrix((np.ones(live.size), (rows, np.arange(live.size))), shape=(len(by_table), live.size))

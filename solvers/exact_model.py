@@ -119,9 +119,18 @@ def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
     nothing in its share of the budget. What a model proves over one bounds nothing beyond it."""
     if not tiered(candidates):
         return []
-    centre = summed_knapsack(candidates, min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit))
+    seconds = min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit)
+    centre = summed_knapsack(candidates, seconds)
     if centre is None:
         return []
+    # A piece dearer than the average load the knapsack leaves sets the makespan alone: choose again among
+    # options whose pieces stay below that load (tiers-80x8 at HBM 0.75, CP-SAT at 30 s: 3.6 % and 1.9 %
+    # lower on the two tasks where it applies).
+    level = float(candidates.work[centre].sum()) / candidates.num_devices
+    if candidates.biggest[centre].max() > level:
+        centre = summed_knapsack(candidates, seconds, level)
+        if centre is None:
+            return []
     hbm = candidates.total_storage[:, HBM]
     lines = []
     for table, option in enumerate(centre):

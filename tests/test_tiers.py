@@ -390,21 +390,26 @@ def test_a_plan_that_contradicts_its_instance_is_refused(tmp_path, capsys):
 
 
 @examples(25)
-@given(tiny_tiered_instances(max_tables=3))
-def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_devices(instance):
-    """Against brute force over every choice of options (one per table): none fits the capacity summed over
-    devices with less work."""
+@given(tiny_tiered_instances(max_tables=3), st.sampled_from([np.inf, 0.5, 2.0]))
+def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_devices(instance, level):
+    """Against brute force over every choice of options (one per table, pieces below the level where the
+    table has such options): none fits the capacity summed over devices with less work."""
     candidates = Candidates.build(instance, get_oracle("analytic"))
     assume(all(ids.size for ids in candidates.by_table))
+    level = level * max(float(candidates.biggest[ids].min()) for ids in candidates.by_table)
     capacity = instance.capacity.sum(axis=0)
-    fitting = [list(combo) for combo in itertools.product(*candidates.by_table)
+    pools = []
+    for ids in candidates.by_table:
+        below = ids[candidates.biggest[ids] <= level * (1 + 1e-12)]
+        pools.append(below if below.size else ids[candidates.biggest[ids] == candidates.biggest[ids].min()])
+    fitting = [list(combo) for combo in itertools.product(*pools)
                if all(candidates.total_storage[list(combo), tier].sum() <= capacity[tier]
                       for tier in candidates.binding_tiers)]
-    chosen = summed_knapsack(candidates, 10.0)
+    chosen = summed_knapsack(candidates, 10.0, level)
     if not fitting:
         assert chosen is None
         return
-    assert chosen is not None and all(o in ids for o, ids in zip(chosen, candidates.by_table))
+    assert chosen is not None and all(o in pool for o, pool in zip(chosen, pools))
     assert all(candidates.total_storage[chosen, tier].sum() <= capacity[tier] for tier in candidates.binding_tiers)
     least = min(candidates.work[combo].sum() for combo in fitting)
     assert candidates.work[chosen].sum() <= least * (1 + 1e-6) + 1e-15
