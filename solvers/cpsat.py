@@ -68,7 +68,7 @@ class CpRun:
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
 
-    start, done = prelude(problem, budget, seed, "cpsat")
+    start, done = prelude(problem, budget, seed, "cpsat", widens=True)
     if done is not None:
         return done
     candidates = problem.candidates

@@ -93,14 +93,16 @@ class ExactStart:
         return ExactStart(assembly, self.lower_bound, self.failure)
 
 
-def exact_start(problem: Problem, budget: Budget, seed: int) -> ExactStart:
+def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = False) -> ExactStart:
+    """The heuristic start and the best bound known; `widens`: the backend runs `neighbourhoods` after it
+    (CP-SAT), so that where there are any the start gets TIERED_HEURISTIC_SHARE of the budget."""
     candidates = problem.candidates
     bound = best_option_bound(candidates)
     if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
     share = (HEURISTIC_SHARE if not problem.chooses_options else
-             TIERED_HEURISTIC_SHARE if tiered(candidates) else SPLIT_HEURISTIC_SHARE)
+             TIERED_HEURISTIC_SHARE if widens and tiered(candidates) else SPLIT_HEURISTIC_SHARE)
     assembly, failure, _ = searched(problem, budget, seed, budget.share(share), bound)
     return ExactStart(assembly, bound, failure)
 
@@ -550,9 +552,10 @@ def moving_least(candidates: Candidates, chosen, device: np.ndarray):
     return assembly.plan()
 
 
-def prelude(problem: Problem, budget: Budget, seed: int, backend: str) -> tuple[ExactStart, SolveResult | None]:
-    """The start, and a finished result where the model need not (or cannot) run."""
-    start = exact_start(problem, budget, seed)
+def prelude(problem: Problem, budget: Budget, seed: int, backend: str,
+            widens: bool = False) -> tuple[ExactStart, SolveResult | None]:
+    """The start (`exact_start`), and a finished result where the model need not (or cannot) run."""
+    start = exact_start(problem, budget, seed, widens)
     if start.proven(budget.gap):
         return start, finish(problem, None, start.lower_bound, start, {
             "backend": backend, "note": "the heuristic start meets the lower bound" if start.proven() else
