@@ -1,6 +1,7 @@
 """Which option each table takes: the knapsack over memory that the greedy, the packer and the whole-table
-heuristics share (tables move leaner along their (memory, work) hull, cheapest work per byte first), and
-the weights it reads. Functions of priced candidates (solvers.candidates), which they take as they are."""
+heuristics share (tables move leaner along their (memory, work) hull, cheapest work per byte first), the
+weights it reads, and the same knapsack solved exactly over memory summed over devices (the centre of
+CP-SAT's neighbourhoods). Functions of priced candidates (solvers.candidates), which they take as they are."""
 from __future__ import annotations
 
 import numpy as np

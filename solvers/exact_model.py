@@ -1,9 +1,10 @@
 """The exact model for additive oracles, described once for its two backends (solvers.cpsat, solvers.milp):
 one option per table and a device for every free piece, chosen together, minimising the max device cost
 under memory. Both backends start from the split-aware heuristic (a complete hint / MIP start), break the
-symmetry of interchangeable devices, and report the bound they proved; a plan is called optimal only when
-that bound meets it, and then it is optimal over the enumerated options (`optimal_over: "enumerated
-options"`).
+symmetry of interchangeable devices, and report the bound they proved (CP-SAT, where tables trade HBM for
+cost, first solves the model over `neighbourhoods` of the summed-memory knapsack, whose bounds it drops);
+a plan is called optimal only when that bound meets it, and then it is optimal over the enumerated
+options (`optimal_over: "enumerated options"`).
 
 Variables: y[o] picks option o of a table (a constant where a table has one option); a free option of c
 equal pieces has n[o, d] ∈ 0..c pieces on device d with Σ_d n = c·y; a node option has z[o, node] with
@@ -117,12 +118,16 @@ def tiered(candidates: Candidates) -> bool:
 def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
     """Where `tiered`, the candidates cut down to each table's option in the knapsack over memory summed over
     devices (solvers.choice.summed_knapsack) and, for each width in HULL_NEIGHBOURS, that many options
-    either side of it on its layout's (HBM, work) hull; none elsewhere, or where the knapsack returns
-    nothing in its share of the budget. What a model proves over one bounds nothing beyond it."""
+    either side of it on its layout's (HBM, work) hull, narrowest first, each differing from the one before;
+    none elsewhere, or where the knapsack returns nothing in its share of the budget. What a model proves
+    over one bounds nothing beyond it."""
     if not tiered(candidates):
         return []
-    seconds = min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit)
-    centre = summed_knapsack(candidates, seconds)
+
+    def knapsack(level: float = np.inf) -> np.ndarray | None:
+        return summed_knapsack(candidates, min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit), level)
+
+    centre = knapsack()
     if centre is None:
         return []
     # A piece dearer than the average load the knapsack leaves sets the makespan alone: choose again among
@@ -130,9 +135,8 @@ def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
     # lower on the two tasks where it applies).
     level = float(candidates.work[centre].sum()) / candidates.num_devices
     if candidates.biggest[centre].max() > level:
-        centre = summed_knapsack(candidates, seconds, level)
-        if centre is None:
-            return []
+        below = knapsack(level)
+        centre = below if below is not None else centre
     hbm = candidates.total_storage[:, HBM]
     lines = []
     for table, option in enumerate(centre):
@@ -140,16 +144,20 @@ def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
         line = hull[candidates.layout[hull] == candidates.layout[option]]
         line = line[np.argsort(hbm[line], kind="stable")]
         at = np.flatnonzero(line == option)
-        lines.append((int(option), line, int(at[0]) if at.size else None))
-    cut = []
+        # The knapsack may pick an option above the hull: its neighbours are then the hull's options either
+        # side of its HBM (first > last: none in between).
+        first = int(at[0]) if at.size else int(np.searchsorted(hbm[line], hbm[option]))
+        lines.append((int(option), line, first, first if at.size else first - 1))
+    cuts: list[Candidates] = []
     for width in HULL_NEIGHBOURS:
         keep = np.zeros(candidates.live.size, dtype=bool)
-        for option, line, at in lines:
+        for option, line, first, last in lines:
             keep[option] = True
-            if at is not None:
-                keep[line[max(0, at - width): at + width + 1]] = True
-        cut.append(candidates.restricted(keep))
-    return cut
+            keep[line[max(0, first - width): last + width + 1]] = True
+        cut = candidates.restricted(keep)
+        if not cuts or not np.array_equal(cut.live, cuts[-1].live):
+            cuts.append(cut)
+    return cuts
 
 
 # ---------------------------------------------------------------- the model, once

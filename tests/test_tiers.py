@@ -21,13 +21,12 @@ from instances import (
     TableSharding,
     Topology,
     Workload,
-    load_instance,
     load_instances,
     load_plan,
     save_instance,
 )
 from instances.kernels import DENSE, FUSED, FUSED_UVM, FUSED_UVM_CACHING, KERNEL_CODE, kernel_problem
-from instances.memory import CACHE_MAP_BYTES_PER_ROW, CACHE_STATE_BYTES_PER_SLOT, storage
+from instances.memory import CACHE_MAP_BYTES_PER_ROW, CACHE_STATE_BYTES_PER_SLOT, HBM, storage
 from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
@@ -415,34 +414,74 @@ def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_
     assert candidates.work[chosen].sum() <= least * (1 + 1e-6) + 1e-15
 
 
-def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options():
+def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(monkeypatch):
+    import solvers.exact_model as exact_model
+
     instance = sorted(load_instances("instances/sets/workloads-tiers-n40-k4-hbm0.5"), key=lambda i: i.id)[0]
     candidates = Candidates.build(instance, get_oracle("analytic"))
     live = candidates.live.copy()
+    centres = []
+    monkeypatch.setattr(exact_model, "summed_knapsack", lambda *args: centres.append(summed_knapsack(*args)) or
+                        centres[-1])
     cuts = neighbourhoods(candidates, Budget(10.0).begun())
     assert len(cuts) == len(HULL_NEIGHBOURS) > 1
     assert np.array_equal(candidates.live, live)  # the candidates themselves are untouched
-    centre = summed_knapsack(candidates, 10.0)
+    centre = centres[-1] if centres[-1] is not None else centres[0]
+    hbm = candidates.total_storage[:, HBM]
     for narrow, wide in zip(cuts, cuts[1:]):
         assert (narrow.live <= wide.live).all() and wide.live.sum() > narrow.live.sum()
-    for cut in cuts:
-        assert (cut.live <= live).all() and cut.live.sum() < live.sum()
-        assert cut.live[centre].all()
-        assert all(ids.size for ids in cut.by_table)
+    for width, cut in zip(HULL_NEIGHBOURS, cuts):
+        assert cut.live.sum() < live.sum()
+        for table, option in enumerate(centre):
+            kept = cut.by_table[table]
+            assert option in kept and (candidates.layout[kept] == candidates.layout[option]).all()
+            # The rest of the table's options in the cut: a run of its hull's, by HBM, around the centre's.
+            hull = candidates.search_options[table]
+            line = hull[candidates.layout[hull] == candidates.layout[option]]
+            line = line[np.argsort(hbm[line], kind="stable")]
+            at = np.flatnonzero(np.isin(line, kept))
+            assert at.size and (np.diff(at) == 1).all()
+            if option in line:
+                here = int(np.flatnonzero(line == option)[0])
+                assert at[0] == max(0, here - width) and at[-1] == min(line.size - 1, here + width)
+            else:
+                assert at.size <= 2 * width
     # Without host memory no table trades HBM for cost: no neighbourhood.
     hbm_only = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, host_memory_bytes=0))
     assert neighbourhoods(Candidates.build(hbm_only.validate(), get_oracle("analytic")), Budget(10.0).begun()) == []
 
 
-def test_cpsat_under_torchrec_packs_the_neighbourhoods_first_and_bounds_only_over_every_option():
-    """On a tiered 80 × 8 task: CP-SAT runs the neighbourhoods, their plan is at least as good as the start,
-    and the bound it reports is the whole model's (at most the LP over every option's), never one of a
-    neighbourhood."""
-    path = "instances/sets/tiers-n80-k8-hbm0.5/autoshard-n80-k8-s0-test-094.json"
-    instance, oracle = load_instance(path), get_oracle("torchrec")
-    result = run_solver("cpsat", instance, oracle, Budget(4.0), 0)
-    widening = result.stats["neighbourhoods"]
-    assert [w["options"] for w in widening] == sorted(w["options"] for w in widening)
-    assert result.status == Status.FEASIBLE
-    assert result.objective <= min(w["objective"] for w in widening) * (1 + 1e-9)
-    assert result.lower_bound <= lp_bound(Candidates.build(instance, oracle)) * (1 + 1e-9)
+@examples(15)
+@given(tiny_tiered_instances(max_tables=3))
+@example(Instance("tiny-tiered", tuple(make_table(f"t{i}", 4, 8, p) for i, p in enumerate((1.0, 6.0, 1.0))),
+                  Topology(1, 2, 96, host_memory_bytes=192), Workload(batch_size=16),
+                  sharding_types=("table_wise", "row_wise")).validate())
+def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
+    """Every neighbourhood run is made to claim an absurd bound: CP-SAT still reports a bound no higher than
+    the brute-force optimum, and calls a plan optimal only at that optimum."""
+    import solvers.cpsat as cpsat_module
+
+    oracle = get_oracle("analytic")
+    optimum = brute_force_over_options(instance, oracle)
+    assume(optimum is not None)
+    cut_ids = set()
+    restricted, run = Candidates.restricted, cpsat_module._run
+
+    def tagged(self, keep):
+        cut = restricted(self, keep)
+        cut_ids.add(id(cut))
+        return cut
+
+    def claiming(candidates, *args):
+        done = run(candidates, *args)
+        return dataclasses.replace(done, proven=1e30) if id(candidates) in cut_ids else done
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Candidates, "restricted", tagged)
+        patch.setattr(cpsat_module, "_run", claiming)
+        result = run_solver("cpsat", instance, oracle, QUICK, 0)
+    assert result.lower_bound <= optimum * (1 + 1e-6) + 1e-15
+    if result.status == Status.OPTIMAL:
+        assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
+    if cut_ids:
+        assert result.stats["neighbourhoods"]
