@@ -167,11 +167,16 @@ def test_the_greedy_option_choice_is_the_best_over_all_choices_that_use_no_more_
             assert weight[list(combo)].sum() >= work * (1 - 1e-9) - 1e-15, combo
 
 
+# Two devices, a hot table between two cold ones: where the floors once ended behind, and where CP-SAT runs
+# a neighbourhood.
+THREE_TINY_TABLES = Instance("tiny-tiered", tuple(make_table(f"t{i}", 4, 8, p) for i, p in enumerate((1.0, 6.0, 1.0))),
+                             Topology(1, 2, 96, host_memory_bytes=192), Workload(batch_size=16),
+                             sharding_types=("table_wise", "row_wise")).validate()
+
+
 @examples(25)
 @given(tiny_tiered_instances(max_tables=3))
-@example(Instance("tiny-tiered", tuple(make_table(f"t{i}", 4, 8, p) for i, p in enumerate((1.0, 6.0, 1.0))),
-                  Topology(1, 2, 96, host_memory_bytes=192), Workload(batch_size=16),
-                  sharding_types=("table_wise", "row_wise")).validate())
+@example(THREE_TINY_TABLES)
 def test_split_greedy_is_no_worse_for_its_floors(instance):
     """Its floors (HBM only, TorchRec's default options) come first, yet it ends no worse than its plans over
     every option would alone, nor than its best floor: the best of each descends (a floor that starts ahead
@@ -453,9 +458,7 @@ def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(
 
 @examples(15)
 @given(tiny_tiered_instances(max_tables=3))
-@example(Instance("tiny-tiered", tuple(make_table(f"t{i}", 4, 8, p) for i, p in enumerate((1.0, 6.0, 1.0))),
-                  Topology(1, 2, 96, host_memory_bytes=192), Workload(batch_size=16),
-                  sharding_types=("table_wise", "row_wise")).validate())
+@example(THREE_TINY_TABLES)
 def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
     """Every neighbourhood run is made to claim an absurd bound: CP-SAT still reports a bound no higher than
     the brute-force optimum, and calls a plan optimal only at that optimum."""
