@@ -96,7 +96,7 @@ class ExactStart:
 
 def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = False) -> ExactStart:
     """The heuristic start and the best bound known; `widens`: the backend runs `neighbourhoods` after it
-    (CP-SAT), so that where there are any the start gets TIERED_HEURISTIC_SHARE of the budget."""
+    (CP-SAT), so that on `tiered` candidates the start gets TIERED_HEURISTIC_SHARE of the budget."""
     candidates = problem.candidates
     bound = best_option_bound(candidates)
     if problem.chooses_options:
