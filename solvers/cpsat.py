@@ -88,8 +88,8 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         near = near.improved(candidates, run.found)
         widening.append({"options": int(cut.live.sum()), "cpsat_status": run.stats["cpsat_status"],
                          "best_so_far": near.objective() if near.assembly is not None else None})
-    if near.assembly is not None:
-        start = start.improved(candidates, near.assembly.snapshot())
+    if near.objective() < start.objective():
+        start = ExactStart(near.assembly, start.lower_bound, start.failure)
     run = _run(candidates, start, budget.deadline(), budget.backend_gap, seed, workers)
     if run.code == cp_model.INFEASIBLE and start.assembly is None:
         return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
