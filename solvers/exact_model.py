@@ -35,7 +35,7 @@ from .base import (
 )
 from .bounds import best_option_bound, lp_bound
 from .candidates import Candidates, Problem
-from .choice import summed_knapsack
+from .choice import knapsack_centre
 from .search import searched, send_back
 
 HEURISTIC_SHARE = 0.1        # share of the budget spent on the heuristic start before the exact model
@@ -117,26 +117,16 @@ def tiered(candidates: Candidates) -> bool:
 
 def neighbourhoods(candidates: Candidates, budget: Budget) -> list[Candidates]:
     """Where `tiered`, the candidates cut down to each table's option in the knapsack over memory summed over
-    devices (solvers.choice.summed_knapsack) and, for each width in HULL_NEIGHBOURS, that many options
+    devices (solvers.choice.knapsack_centre) and, for each width in HULL_NEIGHBOURS, that many options
     either side of it on its layout's (HBM, work) hull, narrowest first, each differing from the one before;
     none elsewhere, or where the knapsack returns nothing in its share of the budget. What a model proves
     over one bounds nothing beyond it."""
     if not tiered(candidates):
         return []
 
-    def knapsack(level: float = np.inf) -> np.ndarray | None:
-        return summed_knapsack(candidates, min(budget.remaining(), KNAPSACK_SHARE * budget.time_limit), level)
-
-    centre = knapsack()
+    centre = knapsack_centre(candidates, KNAPSACK_SHARE * budget.time_limit, budget.deadline())
     if centre is None:
         return []
-    # A piece dearer than the average load the knapsack leaves sets the makespan alone: choose again among
-    # options whose pieces stay below that load (tiers-80x8 at HBM 0.75, CP-SAT at 30 s: 3.6 % and 1.9 %
-    # lower on the two tasks where it applies).
-    level = float(candidates.work[centre].sum()) / candidates.num_devices
-    if candidates.biggest[centre].max() > level:
-        below = knapsack(level)
-        centre = below if below is not None else centre
     hbm = candidates.total_storage[:, HBM]
     lines = []
     for table, option in enumerate(centre):

@@ -31,7 +31,7 @@ from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
 from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
-from solvers.choice import MEMORY_SHARES, choose_options, summed_knapsack
+from solvers.choice import MEMORY_SHARES, choose_options, knapsack_centre, summed_knapsack
 from solvers.base import OPTIMALITY_TOLERANCE, Budget
 from solvers.candidates import Problem
 from solvers.choice import option_weight
@@ -426,12 +426,12 @@ def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(
     candidates = Candidates.build(instance, get_oracle("analytic"))
     live = candidates.live.copy()
     centres = []
-    monkeypatch.setattr(exact_model, "summed_knapsack", lambda *args: centres.append(summed_knapsack(*args)) or
+    monkeypatch.setattr(exact_model, "knapsack_centre", lambda *args: centres.append(knapsack_centre(*args)) or
                         centres[-1])
     cuts = neighbourhoods(candidates, Budget(10.0).begun())
     assert len(cuts) == len(HULL_NEIGHBOURS) > 1
     assert np.array_equal(candidates.live, live)  # the candidates themselves are untouched
-    centre = centres[-1] if centres[-1] is not None else centres[0]
+    centre = centres[-1]
     hbm = candidates.total_storage[:, HBM]
     for narrow, wide in zip(cuts, cuts[1:]):
         assert (narrow.live <= wide.live).all() and wide.live.sum() > narrow.live.sum()
