@@ -1,6 +1,6 @@
 """Solvers: a registry of named placement methods with their metadata (solvers.base); importing this
 package registers them all."""
-from . import baselines, cpsat, global_lf, greedy, learned, milp, peers, search  # noqa: F401  (registration happens on import)
+from . import balance, baselines, cpsat, global_lf, greedy, learned, milp, peers, search  # noqa: F401  (registration happens on import)
 from .base import (
                    MAX_SEED,
                    MAX_TIME_LIMIT,
