@@ -1,8 +1,7 @@
 """`pair-balance`: for tables that trade HBM for cost, a price on HBM spreads the single-piece tables over the
 devices evenly in work and in memory at once; then the busiest device and one other at a time (two others
 where no one helps) are solved again exactly — which of their tables goes where, in which option — until no
-group lowers the busiest device (deterministic: the seed plays no part); CP-SAT's exact model, hinted with
-that plan, takes whatever time is left (with the seed)."""
+group lowers the busiest device. Deterministic: the seed plays no part."""
 from __future__ import annotations
 
 import time
@@ -14,17 +13,13 @@ from instances.memory import HBM
 
 from .assembly import Assembly, Trial
 from .base import Budget, SolveResult, Status, past, register
-from .bounds import best_option_bound
 from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre
-from .cpsat import run_model
-from .exact_model import MAX_MODEL_VARIABLES, ExactStart, model_size
 from .search import split_greedy, stuck_result
 
 KNAPSACK_SHARE = 0.1     # of the budget, the most the summed-memory knapsack may take
 GROUP_TIME_CAP = 1.0     # seconds one group's MILP may take (most take well under 0.5 s at 80 x 8)
 STRANDED_ROUNDS = 3      # knapsack solves at most, each splitting the tables whose single pieces fit nowhere
-FINISH_AT_LEAST = 0.5    # seconds left once no group helps, below which CP-SAT's finish is not started
 LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 2^-60)
 
 
@@ -237,7 +232,7 @@ def greedy_pools(assembly: Assembly) -> dict[int, np.ndarray]:
 
 def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> dict:
     """Until `deadline` or no group helps: the busiest device with each other (lightest first), then with
-    two of the four lightest, solved again (`try_group`). Stats: groups solved, kept, and why it stopped."""
+    two of the lightest, solved again (`try_group`). Stats: groups solved, kept, and why it stopped."""
     solved = kept = 0
     while not past(deadline):
         costs = assembly.costs()
@@ -255,32 +250,14 @@ def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float)
                 improved = True
                 break
         if not improved:
-            break
-    stopped = "deadline" if past(deadline) else "no group lowers the busiest device"
-    return {"groups_solved": solved, "groups_kept": kept, "stopped": stopped}
-
-
-def finish_exactly(problem: Problem, assembly: Assembly, deadline: float, seed: int) -> tuple[Assembly, dict]:
-    """The time the groups leave: CP-SAT's exact model over every option (solvers.cpsat.run_model), hinted
-    with the plan, until `deadline`; it may re-cut the split tables the groups hold fixed (on the 40 x 4
-    tiered tasks it lowered two of the plans where no group helped by 2.5 % and 5.8 %). Its plan where it
-    costs less; nothing where the model is too large to build."""
-    candidates = problem.candidates
-    if model_size(candidates) > MAX_MODEL_VARIABLES:
-        return assembly, {"finish": "model too large"}
-    run = run_model(candidates, ExactStart(assembly, best_option_bound(candidates)), deadline, 0.0, seed, None)
-    stats = {"finish": run.stats["cpsat_status"], "finish_seconds": run.stats["wall_time"]}
-    if run.found is None:
-        return assembly, stats
-    exact = Assembly(candidates)
-    exact.load(np.asarray(run.found[0]), np.asarray(run.found[1]))
-    return (exact, stats) if exact.objective() < assembly.objective() else (assembly, stats)
+            return {"groups_solved": solved, "groups_kept": kept,
+                    "stopped": "deadline" if past(deadline) else "no group lowers the busiest device"}
+    return {"groups_solved": solved, "groups_kept": kept, "stopped": "deadline"}
 
 
 @register("pair-balance", "a price on HBM spreads single-piece tables evenly in work and memory, then the busiest "
-          "device and one or two others are solved again exactly (HiGHS) while that lowers it; "
-          "CP-SAT's exact model, hinted with that plan, takes the time left; additive oracles", needs_additive=True,
-          splits=True, stochastic=True)
+          "device and one or two others are solved again exactly (HiGHS) while that lowers it; additive oracles, "
+          "deterministic", needs_additive=True, splits=True)
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     balanced = balanced_start(candidates, deadline, KNAPSACK_SHARE * budget.time_limit)
@@ -293,8 +270,4 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
             return stuck_result(candidates, greedy)
         assembly, pools, start = greedy, greedy_pools(greedy), "split-greedy"
     stats = {"start": start, "start_objective": assembly.objective(), **rebalance(assembly, pools, deadline)}
-    stats["balanced_objective"] = assembly.objective()
-    if deadline - time.monotonic() > FINISH_AT_LEAST:
-        assembly, finished = finish_exactly(problem, assembly, deadline, seed)
-        stats.update(finished)
     return SolveResult(Status.FEASIBLE, plan=assembly.plan(), stats=stats)

@@ -84,20 +84,20 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         # The narrowest unhinted: hinted with a start far from the knapsack, CP-SAT stays near that start (on
         # tiers-80x8 at HBM 0.5 it ended a median 5 % worse than without the hint). Each wider one starts
         # from the best plan of those before it, which lies within it.
-        run = run_model(cut, near, until, budget.backend_gap, seed, workers)
+        run = _run(cut, near, until, budget.backend_gap, seed, workers)
         near = near.improved(candidates, run.found)
         widening.append({"options": int(cut.live.sum()), "cpsat_status": run.stats["cpsat_status"],
                          "best_so_far": near.objective() if near.assembly is not None else None})
     if near.objective() < start.objective():
         start = ExactStart(near.assembly, start.lower_bound, start.failure)
-    run = run_model(candidates, start, budget.deadline(), budget.backend_gap, seed, workers)
+    run = _run(candidates, start, budget.deadline(), budget.backend_gap, seed, workers)
     if run.code == cp_model.INFEASIBLE and start.assembly is None:
         return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
     stats = {**run.stats, "neighbourhoods": widening} if widening else run.stats
     return finish(problem, run.found, max(start.lower_bound, run.proven), start, stats)
 
 
-def run_model(candidates: Candidates, start: ExactStart, deadline: float, gap: float, seed: int,
+def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float, seed: int,
          workers: int | None) -> CpRun:
     """The exact model over `candidates`, hinted with the start, until `deadline` (time.monotonic(); building
     the model spends it too) or until within `gap` of its own bound."""

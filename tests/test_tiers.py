@@ -468,7 +468,7 @@ def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
     optimum = brute_force_over_options(instance, oracle)
     assume(optimum is not None)
     cut_ids = set()
-    restricted, run = Candidates.restricted, cpsat_module.run_model
+    restricted, run = Candidates.restricted, cpsat_module._run
 
     def tagged(self, keep):
         cut = restricted(self, keep)
@@ -481,7 +481,7 @@ def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Candidates, "restricted", tagged)
-        patch.setattr(cpsat_module, "run_model", claiming)
+        patch.setattr(cpsat_module, "_run", claiming)
         result = run_solver("cpsat", instance, oracle, QUICK, 0)
     assert result.lower_bound <= optimum * (1 + 1e-6) + 1e-15
     if result.status == Status.OPTIMAL:
