@@ -16,6 +16,7 @@ from shardbench.workloads import Features, log_distance, workload_features
 
 ROOT = Path(__file__).resolve().parent.parent
 SUITE = ROOT / "benchmarks" / "suites" / "workloads-tiers-40x4.toml"
+SUITE_80 = ROOT / "benchmarks" / "suites" / "workloads-tiers-80x8.toml"
 HOST = 256 * 2**30
 SAMPLE_ARGS = ["--protocol", "autoshard", "--tables", "40", "--devices", "4", "--count", "5", "--seed", "0",
                "--host-memory-bytes", str(HOST), "--batch-size", "8192"]  # as the suite file's comment gives them
@@ -91,7 +92,7 @@ def test_rules_written_before_memory_tiers_still_load(tmp_path):
 def test_the_shipped_rules_hold_tiered_evidence_and_recommend_for_it(tmp_path, capsys):
     rules = Rules.load()
     tiered = [w for w in rules.evidence if w.features.host_memory]
-    assert tiered and {w.family for w in tiered} == {s.name for s in load_suites(SUITE)}
+    assert tiered and {w.family for w in tiered} == {s.name for path in (SUITE, SUITE_80) for s in load_suites(path)}
     path = tmp_path / "i.json"
     save_instance(_task(0.5, HOST, tables=12, devices=2), path)
     assert main(["recommend", str(path), "--oracle", "analytic", "--budget", "1"]) == 0
@@ -120,9 +121,14 @@ def test_the_family_suite_parses_and_its_instances_validate():
             assert f.host_memory and f.tightness == pytest.approx(1 / hbm, rel=1e-6)
 
 
-def test_the_instance_sets_are_what_their_command_samples(tmp_path):
-    folder = ROOT / "instances" / "sets" / "workloads-tiers-n40-k4-hbm0.5"
-    assert main(["instances", "sample", *SAMPLE_ARGS, "--tightness", "0.5", "-o", str(tmp_path / "set")]) == 0
+@pytest.mark.parametrize("folder, args", [
+    ("workloads-tiers-n40-k4-hbm0.5", SAMPLE_ARGS),
+    ("workloads-tiers-n80-k8-hbm0.5", ["--protocol", "autoshard", "--tables", "80", "--devices", "8", "--count", "5",
+                                       "--seed", "1", "--host-memory-bytes", str(HOST), "--batch-size", "8192"]),
+])
+def test_the_instance_sets_are_what_their_command_samples(tmp_path, folder, args):
+    folder = ROOT / "instances" / "sets" / folder
+    assert main(["instances", "sample", *args, "--tightness", "0.5", "-o", str(tmp_path / "set")]) == 0
     for committed in sorted(folder.glob("*.json")):
         assert (tmp_path / "set" / committed.name).read_text() == committed.read_text(), committed.name
 
