@@ -112,29 +112,24 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
     if not columns:
         return None
     scale = max(float(costs[devices].max()) + sum(float(c.work[pools[t]].max()) for t in tables), 1e-300)
-    rows, cols, values, lower, upper = [], [], [], [], []
-    row = 0
-    for t in tables:
-        for j, (table, _, _) in enumerate(columns):
-            if table == t:
-                rows.append(row), cols.append(j), values.append(1.0)
-        lower.append(1.0), upper.append(1.0)
-        row += 1
+    # Rows: one choice row per table, then per device its cost row and a row per binding tier.
+    table_row = {t: i for i, t in enumerate(tables)}
+    device_row = {d: len(tables) + i * (1 + len(tiers)) for i, d in enumerate(devices)}
+    row = len(tables) + len(devices) * (1 + len(tiers))
     peak = len(columns)  # the last column: the group's busiest device, in units of `scale`
+    rows, cols, values = [], [], []
+    for j, (t, o, d) in enumerate(columns):
+        rows += [table_row[t], device_row[d]]
+        cols += [j, j]
+        values += [1.0, float(c.work[o]) / scale]
+        for i, tier in enumerate(tiers):
+            rows.append(device_row[d] + 1 + i), cols.append(j)
+            values.append(float(c.storage[c.members(o)[0], tier]) / max(float(free[d, tier]), 1.0))
+    lower, upper = [1.0] * len(tables), [1.0] * len(tables)
     for d in devices:
-        for j, (_, o, device) in enumerate(columns):
-            if device == d:
-                rows.append(row), cols.append(j), values.append(float(c.work[o]) / scale)
-        rows.append(row), cols.append(peak), values.append(-1.0)
-        lower.append(-np.inf), upper.append(-float(costs[d]) / scale)
-        row += 1
-        for tier in tiers:
-            for j, (_, o, device) in enumerate(columns):
-                if device == d:
-                    rows.append(row), cols.append(j)
-                    values.append(float(c.storage[c.members(o)[0], tier]) / max(float(free[d, tier]), 1.0))
-            lower.append(-np.inf), upper.append(1.0)
-            row += 1
+        rows.append(device_row[d]), cols.append(peak), values.append(-1.0)
+        lower += [-np.inf] * (1 + len(tiers))
+        upper += [-float(costs[d]) / scale] + [1.0] * len(tiers)
     matrix = coo_matrix((values, (rows, cols)), shape=(row, peak + 1)).tocsr()
     objective = np.zeros(peak + 1)
     objective[peak] = 1.0
