@@ -102,9 +102,7 @@ def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = Fals
     if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    # Where the model is too large to build (`too_large`) the start is the plan returned: it gets the budget.
-    share = (1.0 if model_size(candidates) > MAX_MODEL_VARIABLES else
-             HEURISTIC_SHARE if not problem.chooses_options else
+    share = (HEURISTIC_SHARE if not problem.chooses_options else
              TIERED_HEURISTIC_SHARE if widens and tiered(candidates) else SPLIT_HEURISTIC_SHARE)
     assembly, failure, _ = searched(problem, budget, seed, budget.share(share), bound)
     return ExactStart(assembly, bound, failure)
