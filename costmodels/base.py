@@ -241,6 +241,11 @@ class DeviceState(ABC):
         finally:
             self.remove_many(pieces, devices)
 
+    def rows_with(self, pieces: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """For each row of `rows` (a device per piece): every device's cost if the pieces were added on
+        that row's devices (nothing changes), rows × devices."""
+        return np.array([self.costs_with(pieces, row) for row in rows]).reshape(len(rows), self.num_devices)
+
     @abstractmethod
     def cost_if_exchanged(self, device: int, out_piece: int | None, in_piece: int | None) -> float:
         """Cost of `device` after taking `out_piece` off it and putting `in_piece` on it (either may be None)."""
@@ -299,6 +304,11 @@ class AdditiveDeviceState(DeviceState):
 
     def costs_with(self, pieces: np.ndarray, devices: np.ndarray) -> np.ndarray:
         return self.loads + np.bincount(devices, weights=self.piece_costs[pieces], minlength=self.loads.size)
+
+    def rows_with(self, pieces: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        added = np.zeros((len(rows), self.loads.size))
+        np.add.at(added, (np.arange(len(rows))[:, None], rows), self.piece_costs[pieces])
+        return self.loads + added
 
 
 class RecomputingDeviceState(DeviceState):

@@ -39,6 +39,8 @@ from .sharding import (
 # How an option's pieces get their devices: each its own (free), fixed ones (pinned), a node's local ranks
 # (node), any devices of one node (node_free), a node's local ranks for each column block (grid).
 FREE, PINNED, NODE, NODE_FREE, GRID = "free", "pinned", "node", "node_free", "grid"
+_PLACEMENT = {TABLE_WISE: FREE, COLUMN_WISE: FREE, TABLE_ROW_WISE: NODE, TABLE_COLUMN_WISE: NODE_FREE,
+              GRID_SHARD: GRID}
 
 
 @dataclass(frozen=True)
@@ -54,8 +56,7 @@ class Option:
 
     @property
     def placement(self) -> str:
-        return {TABLE_WISE: FREE, COLUMN_WISE: FREE, TABLE_ROW_WISE: NODE, TABLE_COLUMN_WISE: NODE_FREE,
-                GRID_SHARD: GRID}.get(self.sharding_type, PINNED)
+        return _PLACEMENT.get(self.sharding_type, PINNED)
 
     @property
     def label(self) -> str:

@@ -148,11 +148,20 @@ class Assembly:
             return Trial(option, devices, self.state.costs_with(members, devices))
         if placement == "node":
             fixed = -1 if self.moves is None else int(self.moves.fixed_node[option])
-            return self._best_node(option, members, need, lambda node: self.c.devices(option, node=node),
-                                   None if fixed < 0 else (fixed,))
+            nodes = np.arange(self.k // self.per_node) if fixed < 0 else np.array([fixed])
+            return self._best_node(option, members, need, self._on_nodes(nodes, self.c.options.pin[members]))
         if placement == "node_free":
-            return self._best_node(option, members, need, lambda node: self._spread(
-                members, need, np.arange(node * self.per_node, (node + 1) * self.per_node)))
+            rows, stuck, over_budget = [], None, False
+            for node in range(self.k // self.per_node):
+                devices = self._spread(members, need, np.arange(node * self.per_node, (node + 1) * self.per_node))
+                if devices is None:
+                    over_budget = True
+                elif isinstance(devices, Stuck):
+                    stuck = stuck or devices
+                else:
+                    rows.append(devices)
+            rows = np.array(rows, dtype=np.int64).reshape(-1, members.size)
+            return self._best_node(option, members, need, rows, stuck, over_budget)
         if placement == "grid":
             return self._grid(option, members, need)
         devices = self._spread(members, need, np.arange(self.k))
@@ -187,34 +196,36 @@ class Assembly:
         self.state.remove_many(members, devices)
         return devices
 
-    def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, place,
-                   nodes=None) -> Trial | Stuck | None:
-        """Of `nodes` (default: all), the node whose busiest touched device ends lowest, the pieces placed
-        there by `place(node)` (their devices, or why they find no room); None where the move budget rules
-        out every node with room."""
-        best, stuck, over_budget = None, None, False
-        for node in range(self.k // self.per_node) if nodes is None else nodes:
-            devices = place(node)
-            if devices is None or (not isinstance(devices, Stuck)
-                                   and self.moved_by(members, devices) > self.allowance()):
-                over_budget = True
-                continue
-            if isinstance(devices, Stuck):
-                stuck = stuck or devices
-                continue
-            free = self.free.copy()
-            np.subtract.at(free, devices, need)
-            short = np.flatnonzero((free[devices] < 0).any(axis=1))
-            if short.size:
-                p = int(short[0])
-                stuck = stuck or _short_on(int(members[p]), need[p], self.free[devices[p]])
-                continue
-            trial = Trial(option, devices, self.state.costs_with(members, devices))
-            if best is None or trial.costs[devices].max() < best.costs[best.devices].max():
-                best = trial
-        if best is not None:
-            return best
-        return None if over_budget and stuck is None else stuck
+    def _on_nodes(self, nodes: np.ndarray, local: np.ndarray) -> np.ndarray:
+        """Per node, the devices of pieces pinned to local ranks `local` there (nodes × pieces)."""
+        return nodes[:, None] * self.per_node + local[None, :]
+
+    def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, rows: np.ndarray,
+                   stuck: Stuck | None = None, over_budget: bool = False) -> Trial | Stuck | None:
+        """Of the candidate placements `rows` (a device per piece, one row per node, in node order), the first
+        whose busiest touched device ends lowest among those with room within the move budget; else why
+        the first node short of room found none (or `stuck`, a reason found earlier), or None where the
+        move budget rules out every node with room (or `over_budget` says it ruled out another)."""
+        if self.moves is not None and len(rows):
+            within = np.array([self.moved_by(members, row) <= self.allowance() for row in rows], dtype=bool)
+            over_budget = over_budget or not within.all()
+            rows = rows[within]
+        if len(rows):
+            each = np.arange(len(rows))[:, None]
+            used = np.zeros((len(rows), self.k, need.shape[1]), dtype=np.int64)
+            np.add.at(used, (each, rows), need)  # pieces sharing a device need their sum there
+            short = (self.free[rows] < used[each, rows]).any(axis=2)
+            fits = ~short.any(axis=1)
+            if stuck is None and not fits.all():
+                first = int(np.argmin(fits))
+                p = int(np.argmax(short[first]))
+                stuck = _short_on(int(members[p]), need[p], self.free[rows[first, p]])
+            rows = rows[fits]
+        if len(rows) == 0:
+            return None if over_budget and stuck is None else stuck
+        costs = self.state.rows_with(members, rows)
+        best = int(np.argmin(costs[np.arange(len(rows))[:, None], rows].max(axis=1)))
+        return Trial(option, rows[best], costs[best])
 
     def _grid(self, option: int, members: np.ndarray, need: np.ndarray) -> Trial | Stuck | None:
         """A grid's column blocks one by one, each on the node whose busiest device ends lowest with it (None
@@ -225,8 +236,8 @@ class Assembly:
         outcome: Trial | Stuck | None = None
         for b in range(nodes.size):
             part = members[blocks == b]
-            local = self.c.options.pin[part]
-            trial = self._best_node(option, part, self.memory[part], lambda node: node * self.per_node + local)
+            rows = self._on_nodes(np.arange(self.k // self.per_node), self.c.options.pin[part])
+            trial = self._best_node(option, part, self.memory[part], rows)
             if not isinstance(trial, Trial):  # no room (Stuck) or none within the move budget (None)
                 outcome = trial
                 break

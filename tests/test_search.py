@@ -14,7 +14,7 @@ from costmodels import get_oracle
 from instances import Instance, Topology, Workload, load_instances
 from instances.kernels import FUSED, FUSED_UVM_CACHING
 from instances.memory import HBM
-from solvers.assembly import Assembly, Stuck
+from solvers.assembly import Assembly, Stuck, Trial
 from solvers.candidates import Candidates
 from solvers.choice import on_lower_hull, option_weight
 from solvers.retier import Retier
@@ -202,3 +202,63 @@ def test_past_its_deadline_split_greedy_builds_a_plan_over_every_option():
     assert all(isinstance(p, Assembly) for p in plans)
     floors = min(p.objective() for p in plans[:2])
     assert found.objective() <= plans[2].objective() * (1 + 1e-12) < floors / 2
+
+
+def _node_by_node(assembly: Assembly, option: int, local: np.ndarray, members: np.ndarray):
+    """A node option's fit the plain way, for a cross-check: every node in turn, the first whose busiest
+    touched device ends lowest among those with room, else why the first node short of room has none."""
+    best, stuck = None, None
+    for node in range(assembly.k // assembly.per_node):
+        devices = node * assembly.per_node + local
+        free = assembly.free.copy()
+        np.subtract.at(free, devices, assembly.memory[members])
+        short = np.flatnonzero((free[devices] < 0).any(axis=1))
+        if short.size:
+            p = int(short[0])
+            tier = int(np.argmax(assembly.free[devices[p]] < assembly.memory[members[p]]))
+            stuck = stuck or Stuck(int(members[p]), int(assembly.memory[members[p], tier]),
+                                   int(assembly.free[devices[p], tier]), tier)
+            continue
+        costs = assembly.state.costs_with(members, devices)
+        if best is None or costs[devices].max() < best[1][best[0]].max():
+            best = (devices, costs)
+    return best if best is not None else stuck
+
+
+@examples(30)
+@given(st.lists(st.tuples(st.integers(50, 3000), st.sampled_from([64, 128, 256]), st.floats(0.5, 30.0)),
+                min_size=2, max_size=6), st.integers(2, 3), st.floats(0.3, 2.0), st.randoms(use_true_random=False))
+def test_a_node_option_goes_where_the_node_by_node_search_puts_it(specs, nodes, room, rng):
+    # The node options' fit is vectorised over nodes; the plain loop over nodes is its reference.
+    tables = tuple(make_table(f"t{i}", rows, dim, pooling) for i, (rows, dim, pooling) in enumerate(specs))
+    per_node = 2
+    capacity = int(room * sum(t.weight_bytes for t in tables) / (nodes * per_node)) + 1
+    instance = Instance("nodes", tables, Topology(nodes, per_node, capacity), Workload(batch_size=64),
+                        sharding_types=("table_wise", "table_row_wise", "grid_shard")).validate()
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    assembly = Assembly(candidates)
+    for table, ids in enumerate(candidates.by_table):  # some tables placed whole, for uneven loads and room
+        whole = [int(o) for o in ids if candidates.placement(int(o)) == "free"]
+        device = np.array([rng.randrange(assembly.k)])
+        if whole and rng.random() < 0.5 and (assembly.free[device] >= assembly.memory[candidates.members(whole[0])]).all():
+            assembly.put(whole[0], device)
+    checked = 0
+    for option in range(len(candidates.options.options)):
+        if assembly.chosen[candidates.options.options[option].table] >= 0 or candidates.placement(option) != "node":
+            continue
+        members = candidates.members(option)
+        found, expected = assembly.fit(option), _node_by_node(assembly, option, candidates.options.pin[members], members)
+        if isinstance(expected, Stuck):
+            assert found == expected
+        else:
+            assert isinstance(found, Trial) and np.array_equal(found.devices, expected[0])
+            assert np.array_equal(found.costs, expected[1])
+        checked += 1
+    grids = [o for o in range(len(candidates.options.options)) if candidates.placement(o) == "grid"
+             and assembly.chosen[candidates.options.options[o].table] < 0]
+    for option in grids:  # a grid's blocks each go node by node: its pieces stay within their blocks' nodes
+        trial = assembly.fit(option)
+        if isinstance(trial, Trial):
+            blocks = candidates.options.block[candidates.members(option)]
+            for b in np.unique(blocks):
+                assert np.unique(trial.devices[blocks == b] // per_node).size == 1
