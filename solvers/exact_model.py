@@ -60,6 +60,11 @@ HULL_NEIGHBOURS = (1, 2)
 # side did not settle and ended worse than the longer heuristic start alone (certified 5.6 % against 4.0 %).
 NEIGHBOURHOOD_MAX_SIZE = 1_600
 MAX_MODEL_VARIABLES = 250_000  # beyond this building the model alone eats the budget on 2 cores
+# Where the model is larger still, the start is the plan returned, so it gets the budget bar a margin: at
+# 5,000 x 512 the bounds before it take ~3 s and local search ends up to 4 s past its deadline (given the
+# whole budget, cells ran 74-76 s of 60; at its split share, 800 x 128 tiered tasks returned a start cut
+# before it balanced, 23-64 % above the bound).
+OVERSIZED_START_SHARE = 0.85
 
 
 # ---------------------------------------------------------------- the start
@@ -102,7 +107,8 @@ def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = Fals
     if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    share = (HEURISTIC_SHARE if not problem.chooses_options else
+    share = (OVERSIZED_START_SHARE if model_size(candidates) > MAX_MODEL_VARIABLES else
+             HEURISTIC_SHARE if not problem.chooses_options else
              TIERED_HEURISTIC_SHARE if widens and tiered(candidates) else SPLIT_HEURISTIC_SHARE)
     assembly, failure, _ = searched(problem, budget, seed, budget.share(share), bound)
     return ExactStart(assembly, bound, failure)

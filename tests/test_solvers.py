@@ -177,6 +177,26 @@ def test_pricing_the_options_spends_the_solvers_budget(name, monkeypatch):
     assert seen[0].started is not None and seen[0].started <= min(priced_at)
 
 
+@pytest.mark.parametrize("name", ["cpsat", "milp-highs"])
+def test_a_model_too_large_to_build_leaves_its_heuristic_start_most_of_the_budget(name, monkeypatch):
+    # The start is then the plan returned: cut at its usual share it was returned unbalanced (800 x 128
+    # tiered tasks, 23-64 % above the bound); the margin left covers a search ending late at scale.
+    import solvers.exact_model as exact_model
+
+    shares = []
+    searched = exact_model.searched
+    monkeypatch.setattr(exact_model, "searched", lambda problem, budget, seed, deadline, bound=None: shares.append(
+        (deadline - budget.started) / budget.time_limit) or searched(problem, budget, seed, deadline, bound))
+    monkeypatch.setattr(exact_model, "best_option_bound", lambda candidates: 0.0)  # no start meets the bound
+    instance = make_instance([(100, 4, float(s)) for s in (7, 5, 4, 3)], 2, 10**9)
+    run_solver(name, instance, get_oracle("lookup"), Budget(0.5))
+    assert shares and shares[-1] == pytest.approx(exact_model.HEURISTIC_SHARE)  # where the model is built
+    monkeypatch.setattr(exact_model, "MAX_MODEL_VARIABLES", 1)
+    result = run_solver(name, instance, get_oracle("lookup"), Budget(0.5))
+    assert "too large" in result.stats["note"]
+    assert shares[-1] == pytest.approx(exact_model.OVERSIZED_START_SHARE)
+
+
 @pytest.mark.parametrize("name", ["cpsat", "milp-cbc", "milp-highs"])
 def test_a_gap_stop_never_claims_more_than_was_proven(name, monkeypatch):
     # LPT's bad case on 5 devices: lookups 9,9,8,8,7,7,6,6,5,5,5 split 15 per device at best. With no
