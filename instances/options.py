@@ -15,6 +15,8 @@ with one device per node) are not enumerated. The piece counts come from `model.
 instance validation asks too, so that a valid instance gives every table an option."""
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,12 +183,16 @@ def plan_from_choice(instance: Instance, options: OptionPieces, chosen: list[int
     """The plan that gives table t its option chosen[t], piece p of it on devices[p]."""
     tables = []
     pieces = options.pieces
-    for t, o in enumerate(chosen):
+    # The chosen pieces' fields as Python ints at once: converting numpy scalars piece by piece dominated
+    # at 700,000 pieces.
+    parts = [options.options[o].parts for o in chosen]
+    members = np.concatenate([np.zeros(0, dtype=np.int64), *(options.members(o) for o in chosen)])
+    fields = zip(*(np.asarray(values)[members].tolist() for values in
+                   (devices, pieces.row_start, pieces.row_end, pieces.col_start, pieces.col_end)))
+    for t, (o, count) in enumerate(zip(chosen, parts)):
         option = options.options[o]
         if option.table != t:
             raise ValueError(f"option {o} belongs to table {option.table}, not {t}")
-        shards = tuple(Shard(int(devices[p]), (int(pieces.row_start[p]), int(pieces.row_end[p])),
-                             (int(pieces.col_start[p]), int(pieces.col_end[p])))
-                       for p in options.members(o))
+        shards = tuple(Shard(device, (r0, r1), (c0, c1)) for device, r0, r1, c0, c1 in itertools.islice(fields, count))
         tables.append(TableSharding(option.sharding_type, shards, option.kernel, option.load_factor))
     return Plan(instance.id, tuple(tables))

@@ -142,17 +142,20 @@ class Plan:
 
     def storage_per_device(self, instance: Instance) -> np.ndarray:
         """What each device stores in each tier (HBM, host), shape (devices, 2)."""
-        shards = [(t, SHARDING_TYPES.index(sharding.sharding_type), shard)
-                  for t, sharding in enumerate(self.tables) for shard in sharding.shards]
-        kernels = [(KERNEL_CODE[sharding.compute_kernel], sharding.cache_load_factor or 0.0)
-                   for sharding in self.tables for _ in sharding.shards]
-        rows, width = [s.num_rows for _, _, s in shards], [s.width for _, _, s in shards]
-        io = instance.io_bytes([t for t, _, _ in shards], [k for _, k, _ in shards], rows, width)
-        per_shard = storage(rows, width, [instance.tables[t].dtype_bytes for t, _, _ in shards],
-                            instance.workload.optimizer, [k for k, _ in kernels], [f for _, f in kernels],
-                            io).reshape(-1, 2)
+        # Per table its shards' fields, then repeated per shard: a data-parallel table at 512 ranks has 512.
+        counts = np.array([len(sharding.shards) for sharding in self.tables], dtype=np.int64)
+        fields = np.array([(s.device, s.rows[1] - s.rows[0], s.cols[1] - s.cols[0])
+                           for sharding in self.tables for s in sharding.shards], dtype=np.int64).reshape(-1, 3)
+        table = np.repeat(np.arange(len(self.tables)), counts)
+        kind = np.repeat([SHARDING_TYPES.index(sharding.sharding_type) for sharding in self.tables], counts)
+        kernel = np.repeat([KERNEL_CODE[sharding.compute_kernel] for sharding in self.tables], counts)
+        factor = np.repeat([sharding.cache_load_factor or 0.0 for sharding in self.tables], counts)
+        element = np.repeat([instance.tables[t].dtype_bytes for t in range(len(self.tables))], counts)
+        rows, width = fields[:, 1], fields[:, 2]
+        io = instance.io_bytes(table, kind, rows, width)
+        per_shard = storage(rows, width, element, instance.workload.optimizer, kernel, factor, io).reshape(-1, 2)
         used = np.zeros((instance.num_devices, 2), dtype=np.int64)
-        np.add.at(used, np.array([s.device for _, _, s in shards], dtype=np.int64), per_shard)
+        np.add.at(used, fields[:, 0], per_shard)
         return used
 
     def validate(self, instance: Instance) -> "Plan":
@@ -202,9 +205,11 @@ def _tiling_problem(instance: Instance, rows: int, dim: int, sharding: TableShar
         return f"unknown sharding type {kind!r}"
     if not shards:
         return "has no shards"
+    k = topo.num_devices
     for shard in shards:
-        if not (_is_int(shard.device) and 0 <= shard.device < topo.num_devices):
-            return f"device {shard.device!r} is not in 0..{topo.num_devices - 1}"
+        device = shard.device
+        if not ((type(device) is int or _is_int(device)) and 0 <= device < k):
+            return f"device {device!r} is not in 0..{k - 1}"
         (r0, r1), (c0, c1) = shard.rows, shard.cols
         if not (0 <= r0 <= r1 <= rows and 0 <= c0 < c1 <= dim):
             return f"shard rows [{r0}, {r1}) × cols [{c0}, {c1}) is not inside the table ({rows} × {dim})"
