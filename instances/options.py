@@ -16,7 +16,6 @@ instance validation asks too, so that a valid instance gives every table an opti
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass
 
 import numpy as np

@@ -143,14 +143,15 @@ class Plan:
     def storage_per_device(self, instance: Instance) -> np.ndarray:
         """What each device stores in each tier (HBM, host), shape (devices, 2)."""
         # Per table its shards' fields, then repeated per shard: a data-parallel table at 512 ranks has 512.
-        counts = np.array([len(sharding.shards) for sharding in self.tables], dtype=np.int64)
+        held = [(t, sharding) for t, sharding in enumerate(self.tables) if sharding.shards]
+        counts = np.array([len(sharding.shards) for _, sharding in held], dtype=np.int64)
         fields = np.array([(s.device, s.rows[1] - s.rows[0], s.cols[1] - s.cols[0])
-                           for sharding in self.tables for s in sharding.shards], dtype=np.int64).reshape(-1, 3)
-        table = np.repeat(np.arange(len(self.tables)), counts)
-        kind = np.repeat([SHARDING_TYPES.index(sharding.sharding_type) for sharding in self.tables], counts)
-        kernel = np.repeat([KERNEL_CODE[sharding.compute_kernel] for sharding in self.tables], counts)
-        factor = np.repeat([sharding.cache_load_factor or 0.0 for sharding in self.tables], counts)
-        element = np.repeat([instance.tables[t].dtype_bytes for t in range(len(self.tables))], counts)
+                           for _, sharding in held for s in sharding.shards], dtype=np.int64).reshape(-1, 3)
+        table = np.repeat(np.array([t for t, _ in held], dtype=np.int64), counts)
+        kind = np.repeat([SHARDING_TYPES.index(sharding.sharding_type) for _, sharding in held], counts)
+        kernel = np.repeat([KERNEL_CODE[sharding.compute_kernel] for _, sharding in held], counts)
+        factor = np.repeat([sharding.cache_load_factor or 0.0 for _, sharding in held], counts)
+        element = np.repeat([instance.tables[t].dtype_bytes for t, _ in held], counts)
         rows, width = fields[:, 1], fields[:, 2]
         io = instance.io_bytes(table, kind, rows, width)
         per_shard = storage(rows, width, element, instance.workload.optimizer, kernel, factor, io).reshape(-1, 2)

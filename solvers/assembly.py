@@ -151,7 +151,7 @@ class Assembly:
             nodes = np.arange(self.k // self.per_node) if fixed < 0 else np.array([fixed])
             return self._best_node(option, members, need, self._on_nodes(nodes, self.c.options.pin[members]))
         if placement == "node_free":
-            rows, stuck, over_budget = [], None, False
+            rows, costs, stuck, over_budget = [], [], None, False
             for node in range(self.k // self.per_node):
                 devices = self._spread(members, need, np.arange(node * self.per_node, (node + 1) * self.per_node))
                 if devices is None:
@@ -160,8 +160,10 @@ class Assembly:
                     stuck = stuck or devices
                 else:
                     rows.append(devices)
-            rows = np.array(rows, dtype=np.int64).reshape(-1, members.size)
-            return self._best_node(option, members, need, rows, stuck, over_budget)
+                    # Priced here, not after every spread: a spread's add and undo may leave float noise.
+                    costs.append(self.state.costs_with(members, devices))
+            return self._best_node(option, members, need, np.array(rows, dtype=np.int64).reshape(-1, members.size),
+                                   stuck, over_budget, np.array(costs).reshape(-1, self.k))
         if placement == "grid":
             return self._grid(option, members, need)
         devices = self._spread(members, need, np.arange(self.k))
@@ -201,15 +203,17 @@ class Assembly:
         return nodes[:, None] * self.per_node + local[None, :]
 
     def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, rows: np.ndarray,
-                   stuck: Stuck | None = None, over_budget: bool = False) -> Trial | Stuck | None:
-        """Of the candidate placements `rows` (a device per piece, one row per node, in node order), the first
-        whose busiest touched device ends lowest among those with room within the move budget; else why
-        the first node short of room found none (or `stuck`, a reason found earlier), or None where the
-        move budget rules out every node with room (or `over_budget` says it ruled out another)."""
+                   stuck: Stuck | None = None, over_budget: bool = False,
+                   costs: np.ndarray | None = None) -> Trial | Stuck | None:
+        """Of the candidate placements `rows` (a device per piece, one row per node, in node order; `costs`:
+        every device's cost with each, where already known), the first whose busiest touched device ends
+        lowest among those with room within the move budget; else why the first node short of room found
+        none (or `stuck`, a reason found earlier), or None where the move budget rules out every node with
+        room (or `over_budget` says it ruled out another)."""
         if self.moves is not None and len(rows):
             within = np.array([self.moved_by(members, row) <= self.allowance() for row in rows], dtype=bool)
             over_budget = over_budget or not within.all()
-            rows = rows[within]
+            rows, costs = rows[within], None if costs is None else costs[within]
         if len(rows):
             each = np.arange(len(rows))[:, None]
             used = np.zeros((len(rows), self.k, need.shape[1]), dtype=np.int64)
@@ -220,10 +224,10 @@ class Assembly:
                 first = int(np.argmin(fits))
                 p = int(np.argmax(short[first]))
                 stuck = _short_on(int(members[p]), need[p], self.free[rows[first, p]])
-            rows = rows[fits]
+            rows, costs = rows[fits], None if costs is None else costs[fits]
         if len(rows) == 0:
             return None if over_budget and stuck is None else stuck
-        costs = self.state.rows_with(members, rows)
+        costs = self.state.rows_with(members, rows) if costs is None else costs
         best = int(np.argmin(costs[np.arange(len(rows))[:, None], rows].max(axis=1)))
         return Trial(option, rows[best], costs[best])
 
