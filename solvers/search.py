@@ -585,6 +585,8 @@ def _at_share(candidates: Candidates, changes: bool, deadline: float | None, wei
 
 
 def _descend_on_options(assembly: Assembly, deadline: float | None = None) -> None:
+    if past(deadline):
+        return  # setting up the search alone takes ~1 s at 5,000 x 512
     search = _Search(assembly, changes=True, hull=False)
     while not past(deadline):
         costs = assembly.costs()
