@@ -16,10 +16,8 @@ from .exact_model import (
     build_model,
     decode,
     finish,
-    model_size,
     neighbourhoods,
     prelude,
-    too_large,
 )
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
@@ -72,9 +70,6 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     if done is not None:
         return done
     candidates = problem.candidates
-    oversized = too_large(problem, start, "cpsat", model_size(candidates))
-    if oversized is not None:
-        return oversized
     widening, near = [], ExactStart(None, start.lower_bound)
     cuts = neighbourhoods(candidates, budget)
     for i, cut in enumerate(cuts):

@@ -99,15 +99,17 @@ class ExactStart:
         return ExactStart(assembly, self.lower_bound, self.failure)
 
 
-def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = False) -> ExactStart:
+def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = False,
+                oversized: bool = False) -> ExactStart:
     """The heuristic start and the best bound known; `widens`: the backend runs `neighbourhoods` after it
-    (CP-SAT), so that on `tiered` candidates the start gets TIERED_HEURISTIC_SHARE of the budget."""
+    (CP-SAT), so that on `tiered` candidates the start gets TIERED_HEURISTIC_SHARE of the budget;
+    `oversized`: the model will not be built, the start is the plan returned."""
     candidates = problem.candidates
     bound = best_option_bound(candidates)
     if problem.chooses_options:
         lp = lp_bound(candidates)
         bound = max(bound, lp if lp is not None else 0.0)
-    share = (OVERSIZED_START_SHARE if model_size(candidates) > MAX_MODEL_VARIABLES else
+    share = (OVERSIZED_START_SHARE if oversized else
              HEURISTIC_SHARE if not problem.chooses_options else
              TIERED_HEURISTIC_SHARE if widens and tiered(candidates) else SPLIT_HEURISTIC_SHARE)
     assembly, failure, _ = searched(problem, budget, seed, budget.share(share), bound)
@@ -558,22 +560,20 @@ def moving_least(candidates: Candidates, chosen, device: np.ndarray):
 
 def prelude(problem: Problem, budget: Budget, seed: int, backend: str,
             widens: bool = False) -> tuple[ExactStart, SolveResult | None]:
-    """The start (`exact_start`), and a finished result where the model need not (or cannot) run."""
-    start = exact_start(problem, budget, seed, widens)
+    """The start (`exact_start`), and a finished result where the model need not run (the start meets the
+    bound) or cannot (it has more than MAX_MODEL_VARIABLES variables)."""
+    size = model_size(problem.candidates)
+    start = exact_start(problem, budget, seed, widens=widens, oversized=size > MAX_MODEL_VARIABLES)
     if start.proven(budget.gap):
         return start, finish(problem, None, start.lower_bound, start, {
             "backend": backend, "note": "the heuristic start meets the lower bound" if start.proven() else
             f"the heuristic start is within the requested gap ({budget.gap:.4%}) of the lower bound"})
+    if size > MAX_MODEL_VARIABLES:
+        return start, finish(problem, None, start.lower_bound, start, {
+            "backend": backend, "variables": size,
+            "note": f"model of {size} variables is too large to build and solve within the budget; the heuristic "
+                    "plan with the best bound known"})
     return start, None
-
-
-def too_large(problem: Problem, start: ExactStart, backend: str, size: int) -> SolveResult | None:
-    if size <= MAX_MODEL_VARIABLES:
-        return None
-    return finish(problem, None, start.lower_bound, start, {
-        "backend": backend, "variables": size,
-        "note": f"model of {size} variables is too large to build and solve within the budget; the heuristic plan "
-                "with the best bound known"})
 
 
 def model_size(candidates: Candidates) -> int:

@@ -14,7 +14,7 @@ from instances.moves import plan_moved_bytes
 
 from .base import TIME_LIMIT_SLACK, Budget, Cause, NoPlan, SolveResult, infeasible, register
 from .candidates import Problem
-from .exact_model import LinearModel, build_model, decode, finish, model_size, prelude, too_large
+from .exact_model import LinearModel, build_model, decode, finish, prelude
 
 # MILP bounds hold only up to the solvers' feasibility and integrality tolerances (1e-6 per row and per
 # variable): a CBC "optimum" on a split model lay 3.5e-6 above a plan CP-SAT found. Give back 5e-6
@@ -131,9 +131,6 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
     if done is not None:
         return done
     candidates = problem.candidates
-    oversized = too_large(problem, start, backend, model_size(candidates))
-    if oversized is not None:
-        return oversized
     model = build_model(candidates, start)
     k = candidates.num_devices
     heaviest = sum(float(candidates.work[ids].max()) for ids in candidates.by_table)

@@ -204,7 +204,7 @@ def test_a_gap_stop_never_claims_more_than_was_proven(name, monkeypatch):
     # own proven bound, not the plan's cost, and call a plan optimal only when it is.
     import solvers.exact_model as exact_model
 
-    monkeypatch.setattr(exact_model, "exact_start", lambda problem, budget, seed, widens=False: exact_model.ExactStart(None, 0.0))
+    monkeypatch.setattr(exact_model, "exact_start", lambda problem, budget, seed, **_: exact_model.ExactStart(None, 0.0))
     sizes = [9, 9, 8, 8, 7, 7, 6, 6, 5, 5, 5]
     instance = make_instance([(100, 4, float(s)) for s in sizes], 5, 10**9)
     oracle = get_oracle("lookup")
