@@ -149,7 +149,7 @@ class Assembly:
         if placement == "node":
             fixed = -1 if self.moves is None else int(self.moves.fixed_node[option])
             nodes = np.arange(self.k // self.per_node) if fixed < 0 else np.array([fixed])
-            return self._best_node(option, members, need, self._on_nodes(nodes, self.c.options.pin[members]))
+            return self._best_node(option, members, need, self.c.devices(option, node=nodes[:, None]))
         if placement == "node_free":
             rows, costs, stuck, over_budget = [], [], None, False
             for node in range(self.k // self.per_node):
@@ -198,10 +198,6 @@ class Assembly:
         self.state.remove_many(members, devices)
         return devices
 
-    def _on_nodes(self, nodes: np.ndarray, local: np.ndarray) -> np.ndarray:
-        """Per node, the devices of pieces pinned to local ranks `local` there (nodes × pieces)."""
-        return nodes[:, None] * self.per_node + local[None, :]
-
     def _best_node(self, option: int, members: np.ndarray, need: np.ndarray, rows: np.ndarray,
                    stuck: Stuck | None = None, over_budget: bool = False,
                    costs: np.ndarray | None = None) -> Trial | Stuck | None:
@@ -240,8 +236,8 @@ class Assembly:
         outcome: Trial | Stuck | None = None
         for b in range(nodes.size):
             part = members[blocks == b]
-            rows = self._on_nodes(np.arange(self.k // self.per_node), self.c.options.pin[part])
-            trial = self._best_node(option, part, self.memory[part], rows)
+            rows = np.arange(self.k // self.per_node)[:, None] * self.per_node + self.c.options.pin[part]
+            trial = self._best_node(option, part, self.memory[part], rows)  # the block on each node
             if not isinstance(trial, Trial):  # no room (Stuck) or none within the move budget (None)
                 outcome = trial
                 break
