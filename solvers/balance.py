@@ -1,8 +1,8 @@
 """`pair-balance`: for tables that trade HBM for cost, the single-piece tables are spread over the devices
 evenly in work and in memory at once; then the busiest device and one other at a time (two others where no
-one helps) are solved again exactly — which of their tables goes where, in which option — until no group
-lowers the busiest device, and any two devices that can do the same work for less take that layout before it
-goes on. Two starts, one after the other while time is left (the knapsack's own choice, then one price on
+one helps and no pair can do the same work for less) are solved again exactly — which of their tables goes
+where, in which option — from their current layout, until no group lowers the busiest device; any two devices
+that can do the same work for less take that layout before it goes on. Two starts, one after the other while time is left (the knapsack's own choice, then one price on
 HBM); the better plan wins. Deterministic: the seed plays no part."""
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsa
 from .search import split_greedy, stuck_result
 
 KNAPSACK_SHARE = 0.1     # of the budget, the most the summed-memory knapsack may take
-GROUP_TIME_CAP = 1.0     # seconds one group's MILP may take (most take well under 0.5 s at 80 x 8)
+GROUP_TIME_CAP = 1.0     # seconds one pair's MILP may take (most take well under 0.5 s at 80 x 8)
+# Seconds a group of three may take: most run out of time without proving anything, and what they find
+# they mostly find early from the current layout (tiers-80x8 under TorchRec's estimator: 1 s each was 20-40 %
+# of a 30 s run for one kept group in ten).
+TRIPLE_TIME_CAP = 0.3
 STRANDED_ROUNDS = 3      # knapsack solves at most, each splitting the tables whose single pieces fit nowhere
 LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 2^-60)
 
@@ -105,13 +109,50 @@ class Regroup:
     peak: float
 
 
+def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper: np.ndarray, integers: int,
+           time_limit: float, start: np.ndarray | None) -> np.ndarray | None:
+    """HiGHS on min objective·x, lower ≤ matrix·x ≤ upper, 0 ≤ x ≤ column_upper, the first `integers`
+    columns integral, handed `start` as its first incumbent; the solution, or None where it has none."""
+    import highspy
+
+    csc = matrix.tocsc()
+    model = highspy.HighsLp()
+    model.num_col_, model.num_row_ = objective.size, csc.shape[0]
+    model.col_cost_, model.col_lower_ = objective, np.zeros(objective.size)
+    model.col_upper_ = np.where(np.isfinite(column_upper), column_upper, highspy.kHighsInf)
+    model.row_lower_ = np.where(np.isfinite(lower), lower, -highspy.kHighsInf)
+    model.row_upper_ = np.asarray(upper, dtype=float)
+    model.a_matrix_.format_ = highspy.MatrixFormat.kColwise
+    model.a_matrix_.start_, model.a_matrix_.index_, model.a_matrix_.value_ = csc.indptr, csc.indices, csc.data
+    model.integrality_ = [highspy.HighsVarType.kInteger] * integers + \
+        [highspy.HighsVarType.kContinuous] * (objective.size - integers)
+    solver = highspy.Highs()
+    solver.setOptionValue("output_flag", False)
+    solver.setOptionValue("threads", 1)
+    solver.setOptionValue("time_limit", max(time_limit, 0.01))
+    solver.passModel(model)
+    if start is not None:
+        given = highspy.HighsSolution()
+        given.col_value = list(start)
+        given.value_valid = True
+        solver.setSolution(given)
+    solver.run()
+    if solver.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
+        return None
+    return np.asarray(solver.getSolution().col_value)
+
+
 def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: dict[int, np.ndarray],
-            time_limit: float, cap: float | None = None) -> Regroup | None:
+            time_limit: float, cap: float | None = None,
+            start: dict[int, tuple[int, int]] | None = None) -> Regroup | None:
     """The exact MILP (HiGHS) over `tables` (taken out of the assembly) and `devices`: each table one option
     of its pool on one of them, every binding memory tier within what the devices have left, and the busiest
     of them as light as can be — or, given a `cap`, every one of them at most `cap` and their work summed as
-    small as can be. None where HiGHS finds no layout within the time limit."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    small as can be. `start` (per table its option and device, the layout the tables were taken from) is
+    HiGHS's first incumbent: a group that cannot do better is done once the bound meets it, and one stopped
+    at its time limit keeps at least it (tiers-80x8 under TorchRec's estimator at 30 s: groups of three
+    found better layouts where they ran out of time before). None where HiGHS finds no layout within the
+    time limit."""
     from scipy.sparse import coo_matrix
 
     c = assembly.c
@@ -140,20 +181,27 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
         rows.append(device_row[d]), cols.append(peak), values.append(-1.0)
         lower += [-np.inf] * (1 + len(tiers))
         upper += [-float(costs[d]) / scale] + [1.0] * len(tiers)
-    matrix = coo_matrix((values, (rows, cols)), shape=(row, peak + 1)).tocsr()
+    matrix = coo_matrix((values, (rows, cols)), shape=(row, peak + 1))
     objective = np.zeros(peak + 1)
     if cap is None:
         objective[peak] = 1.0
     else:
         objective[:peak] = [c.work[o] / scale for _, o, _ in columns]
-    integrality = np.ones(peak + 1)
-    integrality[peak] = 0
-    result = milp(objective, constraints=LinearConstraint(matrix, lower, upper), integrality=integrality,
-                  bounds=Bounds(np.zeros(peak + 1), np.r_[np.ones(peak), np.inf if cap is None else cap / scale]),
-                  options={"time_limit": max(time_limit, 0.01)})
-    if result.x is None:
+    initial = None
+    if start is not None:
+        picked = [j for j, (t, o, d) in enumerate(columns) if start.get(t) == (o, d)]
+        if len(picked) == len(tables):
+            initial = np.zeros(peak + 1)
+            initial[picked] = 1.0
+            load = {d: float(costs[d]) for d in devices}
+            for j in picked:
+                load[columns[j][2]] += float(c.work[columns[j][1]])
+            initial[peak] = max(load.values()) / scale
+    x = _highs(objective, matrix, lower, upper, np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
+               peak, time_limit, initial)
+    if x is None:
         return None
-    layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if result.x[j] > 0.5}
+    layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
     if len(layout) != len(tables):
         return None
     load = {d: float(costs[d]) for d in devices}
@@ -184,7 +232,9 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
         return float(after.max()) < peak * (1 - RELATIVE_STEP)
 
     old = {t: assembly.take(t) for t in tables}
-    found = regroup(assembly, devices, tables, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()), cap)
+    start = {t: (option, int(where[0])) for t, (option, where) in old.items()}
+    limit = GROUP_TIME_CAP if len(devices) <= 2 else TRIPLE_TIME_CAP
+    found = regroup(assembly, devices, tables, pools, min(limit, deadline - time.monotonic()), cap, start)
     if found is not None:
         for t, (o, d) in found.layout.items():
             assembly.put(o, np.array([d]))
@@ -300,16 +350,18 @@ def greedy_pools(assembly: Assembly) -> dict[int, np.ndarray]:
     return movable(c, assembly.chosen, piece_ceiling(c, assembly.chosen, split_costs))
 
 
-def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> tuple[int, int]:
-    """Until `deadline` or no group helps: the busiest device with each other (lightest first), then with
-    two of the lightest, solved again (`try_group`). The groups solved and kept."""
+def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float,
+              triples: bool = False) -> tuple[int, int]:
+    """Until `deadline` or no group helps: the busiest device with each other (lightest first), then, with
+    `triples`, with two of the lightest, solved again (`try_group`). The groups solved and kept."""
     solved = kept = 0
     while not past(deadline):
         costs = assembly.costs()
         busiest = int(np.argmax(costs))
         others = [int(d) for d in np.argsort(costs, kind="stable") if d != busiest]
-        groups = [[busiest, d] for d in others] + [[busiest, a, b] for i, a in enumerate(others[:3])
-                                                     for b in others[i + 1:4]]
+        groups = [[busiest, d] for d in others]
+        if triples:
+            groups += [[busiest, a, b] for i, a in enumerate(others[:3]) for b in others[i + 1:4]]
         for group in groups:
             if past(deadline):
                 break
@@ -335,7 +387,9 @@ def compress(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) 
 
 
 def settle(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> dict:
-    """`rebalance`, then `compress` and `rebalance` again while compressing saves work and time is left."""
+    """Pairs (`rebalance`) until none lowers the busiest device, then `compress`; groups of three only where
+    compressing saves nothing — they are dear, and cheap pair moves after a compression often do what they
+    would — and round again while a group of three helps and time is left."""
     solved = kept = compressed = 0
     while True:
         s, k = rebalance(assembly, pools, deadline)
@@ -344,7 +398,11 @@ def settle(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) ->
             break
         saved = compress(assembly, pools, deadline)
         compressed += saved
-        if not saved:
+        if saved:
+            continue
+        s, k = rebalance(assembly, pools, deadline, triples=True)
+        solved, kept = solved + s, kept + k
+        if not k or past(deadline):
             break
     return {"groups_solved": solved, "groups_kept": kept, "pairs_compressed": compressed,
             "stopped": "deadline" if past(deadline) else "no group lowers the busiest device"}

@@ -70,6 +70,22 @@ def test_a_regrouped_device_pair_is_the_best_layout_of_its_tables(instance):
 
 
 @examples(25)
+@given(tiny_tiered_instances(max_tables=3), st.data())
+@example(THREE_TINY_TABLES, None)
+def test_a_group_handed_its_layout_ends_no_worse_than_it_and_at_the_best_given_time(instance, data):
+    """Handed one of the layouts that fit as its start, the group keeps at least it however short its time,
+    and still ends at the best layout given time (brute force)."""
+    assembly, pools, tables, layouts = _pair_layouts(instance)
+    assume(layouts)
+    peak, _, layout = layouts[0] if data is None else data.draw(st.sampled_from(layouts))
+    start = dict(zip(tables, layout))
+    quick = regroup(assembly, [0, 1], tables, pools, 0.0, start=start)
+    assert quick is not None and quick.peak <= peak * (1 + 1e-9)
+    found = regroup(assembly, [0, 1], tables, pools, 10.0, start=start)
+    assert found is not None and found.peak == pytest.approx(min(p for p, _, _ in layouts), rel=1e-4, abs=1e-12)
+
+
+@examples(25)
 @given(tiny_tiered_instances(max_tables=3), st.floats(1.0, 2.0))
 @example(THREE_TINY_TABLES, 1.0)
 def test_a_compressed_device_pair_does_the_least_work_under_its_cap(instance, slack):
