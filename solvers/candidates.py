@@ -335,81 +335,127 @@ class Candidates:
         self.pruned["larger than a device"] = int(too_big.sum())
 
     def _prune_dominated(self) -> None:
+        """Per table, an option is dropped where a live one dominates it (`_dominance`); of two that dominate
+        each other the first stays. Options are taken in order, so one dropped no longer drops others."""
         memory_matters = bool(self.binding_tiers)
-        costs, memory = self.priced.costs, self.storage[:, list(self.binding_tiers)]
-        # Each sufficient condition below puts a's pieces where b puts at least as much, so a dominates b
-        # only if its total work and total bytes (per tier compared) are at most b's: a cheap screen that
-        # skips most pairs (the slack covers float summation order; bytes are exact).
-        work = self.work.tolist()
-        bytes_ = [tuple(row) for row in self.total_storage[:, list(self.binding_tiers)].tolist()]
+        tiers = list(self.binding_tiers)
+        costs, memory = self.priced.costs, self.storage[:, tiers]
+        shapes = _Shapes.of(self.options, costs, memory) if len(self.options.first) else None
         count = 0
         for table, ids in enumerate(self.by_table):
-            ids = [int(o) for o in ids]
             # Options that move different bytes from a previous plan do not dominate one another.
             if len(ids) < 2 or (self.moves is not None and self.moves.previous.shardings[table] is not None):
                 continue
-            shapes = {o: self._shape(o, costs, memory) for o in ids}
-            for b in ids:
-                ceiling = work[b] + DOMINANCE_SLACK * abs(work[b])
-                for a in ids:
-                    if a == b or not self.live[a] or work[a] > ceiling or \
-                            (memory_matters and any(x > y for x, y in zip(bytes_[a], bytes_[b]))):
-                        continue
-                    if _dominates(shapes[a], shapes[b], memory_matters, self.instance.topology.devices_per_node) and \
-                            (a < b or not _dominates(shapes[b], shapes[a], memory_matters,
-                                                     self.instance.topology.devices_per_node)):
-                        self.live[b] = False
-                        count += 1
-                        break
+            # Each sufficient condition of `_dominance` puts a's pieces where b puts at least as much, so a
+            # dominates b only if its total work and total bytes (per tier compared) are at most b's too
+            # (the slack covers float summation order; bytes are exact).
+            work = self.work[ids]
+            screen = work[:, None] <= (work + DOMINANCE_SLACK * np.abs(work))[None, :]
+            if memory_matters:
+                total = self.total_storage[ids][:, tiers]
+                screen &= (total[:, None, :] <= total[None, :, :]).all(axis=2)
+            np.fill_diagonal(screen, False)
+            asked = np.flatnonzero(screen.any(axis=0) | screen.any(axis=1))
+            if asked.size == 0:
+                continue
+            # Only options in a pair the screen passes (either way round) are asked.
+            over = np.zeros_like(screen)
+            over[np.ix_(asked, asked)] = self._dominance(ids[asked], costs, memory, shapes, memory_matters)
+            order = np.arange(ids.size)
+            drops = screen & over & ((order[:, None] < order[None, :]) | ~over.T)
+            live = self.live[ids].copy()
+            for j in range(ids.size):
+                if (live & drops[:, j]).any():
+                    live[j] = False
+                    count += 1
+            self.live[ids] = live
         self.pruned["dominated"] = count
         self.__dict__.pop("by_table", None)
 
-    def _shape(self, o: int, costs: np.ndarray, memory: np.ndarray) -> "_Shape":
-        members = self.members(o)
-        option = self.options.options[o]
-        if option.placement == PINNED:
-            return _Shape(option.sharding_type, PINNED, self.device_profile(o, costs), self.device_profile(o, memory))
-        return _Shape(option.sharding_type, option.placement, costs[members], memory[members])
+    def _dominance(self, ids: np.ndarray, costs: np.ndarray, memory: np.ndarray, shapes: "_Shapes",
+                   memory_matters: bool) -> np.ndarray:
+        """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'
+        (memory compared tier by tier, over the tiers that may bind), for every pair (a, b) of one table's
+        options `ids`. Options whose pieces must share a node (node_free, grid) are never claimed to dominate,
+        and a grid (whose blocks may pile up on one node) is never claimed dominated.
+        - a free over a free or node-free b: b's pieces sit on devices that a's may take too (one block of
+          a's to each, where b has as many blocks, each at least as costly and as large);
+        - a free over a pinned or node b: a's pieces go where b puts at least as much (for a node option, on
+          the local ranks of whichever node b picks);
+        - a pinned over a pinned b: no more anywhere; a node over a pinned b: no more on some node's ranks."""
+        place, pieces = shapes.placement[ids], shapes.pieces[ids]
+        free, pinned, node = place == _FREE, place == _PINNED, place == _NODE
+        most_cost, least_cost = shapes.most_cost[ids], shapes.least_cost[ids]
+        most_memory, least_memory = shapes.most_memory[ids], shapes.least_memory[ids]
+
+        def fits(cost, mem, b_cost, b_mem) -> np.ndarray:
+            ok = cost <= b_cost
+            return ok & (mem <= b_mem).all(axis=-1) if memory_matters else ok
+
+        blocks = shapes.table_wise[ids][:, None] | shapes.column_blocks[ids][None, :]
+        over = free[:, None] & (free | (place == _NODE_FREE))[None, :] & blocks & \
+            (pieces[None, :] >= pieces[:, None]) & fits(most_cost[:, None], most_memory[:, None, :],
+                                                        least_cost[None, :], least_memory[None, :, :])
+        placed = np.flatnonzero(pinned | node)
+        if placed.size == 0:
+            return over
+        # What each pinned option puts on each device, and each node option on each local rank (padded: a
+        # slot no piece fills fits nothing).
+        k = self.num_devices
+        counts = pieces[placed]
+        row = np.repeat(np.arange(placed.size), counts)
+        members = np.repeat(self.options.first[ids[placed]] - np.cumsum(counts) + counts, counts) + \
+            np.arange(int(counts.sum()))
+        # A pinned option's pieces add up on their devices; a node option's fill its local ranks in order.
+        on_pin = np.repeat(pinned[placed], counts)
+        slot = np.where(on_pin, self.options.pin[members], members - np.repeat(self.options.first[ids[placed]], counts))
+        cost = np.full((placed.size, k), -np.inf)
+        mem = np.full((placed.size, k, memory.shape[1]), -1, dtype=memory.dtype)
+        cost[row, slot], mem[row, slot] = 0.0, 0
+        np.add.at(cost, (row, slot), costs[members])
+        np.add.at(mem, (row, slot), memory[members])
+        sources = np.flatnonzero(free)
+        slots = fits(most_cost[sources, None, None], most_memory[sources, None, None, :], cost[None], mem[None])
+        over[np.ix_(sources, placed)] = slots.sum(axis=2) >= pieces[sources, None]
+        pins, ranks = np.flatnonzero(pinned[placed]), np.flatnonzero(node[placed])
+        if pins.size:
+            target = (cost[pins], mem[pins])
+            over[np.ix_(placed[pins], placed[pins])] = fits(
+                cost[pins, None], mem[pins, None], target[0][None], target[1][None]).all(axis=2)
+            if ranks.size:
+                per_node = self.instance.topology.devices_per_node
+                nodes = k // per_node
+                by_node = fits(cost[ranks, None, None, :per_node], mem[ranks, None, None, :per_node],
+                               target[0].reshape(1, pins.size, nodes, per_node),
+                               target[1].reshape(1, pins.size, nodes, per_node, memory.shape[1]))
+                over[np.ix_(placed[ranks], placed[pins])] = by_node.all(axis=3).any(axis=2)
+        return over
+
+
+_PLACEMENTS = (FREE, PINNED, NODE, NODE_FREE, GRID)
+_FREE, _PINNED, _NODE, _NODE_FREE, _GRID = range(len(_PLACEMENTS))
 
 
 @dataclass(frozen=True)
-class _Shape:
-    """What an option puts on devices: free pieces (their costs), or costs per device (pinned) or per
-    local rank (node); memory beside the costs, one column per tier compared."""
+class _Shapes:
+    """Per option, what `Candidates._dominance` compares: its placement, whether it is table-wise or cuts
+    column blocks, its piece count, and its pieces' largest and smallest cost and memory (per tier compared)."""
 
-    kind: str
-    placement: str
-    cost: np.ndarray
-    memory: np.ndarray
+    placement: np.ndarray
+    table_wise: np.ndarray
+    column_blocks: np.ndarray
+    pieces: np.ndarray
+    most_cost: np.ndarray
+    least_cost: np.ndarray
+    most_memory: np.ndarray
+    least_memory: np.ndarray
 
-
-def _dominates(a: _Shape, b: _Shape, memory_matters: bool, per_node: int) -> bool:
-    """Sufficient conditions for 'every placement of b has a placement of a that is no worse anywhere'
-    (memory compared tier by tier, over the tiers that may bind). Options whose pieces must share a node
-    (node_free, grid) are never claimed to dominate, and a grid (whose blocks may pile up on one node) is
-    never claimed dominated."""
-    def fits(cost, mem, b_cost, b_mem) -> np.ndarray:
-        ok = cost <= b_cost
-        return ok & (mem <= b_mem).all(axis=-1) if memory_matters else ok
-
-    if a.placement == FREE:
-        x, m, pieces = a.cost.max(), a.memory.max(axis=0), a.cost.size
-        if b.placement in (FREE, NODE_FREE):
-            # b's pieces sit on devices that a's may take too (one block of a's to each, where b has as many
-            # blocks, each at least as costly and as large).
-            if a.kind == TABLE_WISE or b.kind in COLUMN_BLOCKS:
-                return (b.cost.size >= pieces and x <= b.cost.min()
-                        and (not memory_matters or bool((m <= b.memory.min(axis=0)).all())))
-            return False
-        if b.placement == GRID:
-            return False
-        # b pinned or node-pinned: a's pieces go where b puts at least as much (for a node option, on the
-        # local ranks of whichever node b picks).
-        return int(fits(x, m, b.cost, b.memory).sum()) >= pieces
-    if a.placement == PINNED:
-        return b.placement == PINNED and bool(np.all(fits(a.cost, a.memory, b.cost, b.memory)))
-    if a.placement != NODE or b.placement != PINNED:
-        return False
-    nodes = b.cost.size // per_node
-    by_node = fits(a.cost, a.memory, b.cost.reshape(nodes, per_node), b.memory.reshape(nodes, per_node, -1))
-    return bool(by_node.all(axis=1).any())
+    @staticmethod
+    def of(options: OptionPieces, costs: np.ndarray, memory: np.ndarray) -> "_Shapes":
+        first = options.first
+        return _Shapes(np.array([_PLACEMENTS.index(o.placement) for o in options.options]),
+                       np.array([o.sharding_type == TABLE_WISE for o in options.options]),
+                       np.array([o.sharding_type in COLUMN_BLOCKS for o in options.options]),
+                       np.array([o.parts for o in options.options], dtype=np.int64),
+                       np.maximum.reduceat(costs, first), np.minimum.reduceat(costs, first),
+                       np.maximum.reduceat(memory, first, axis=0), np.minimum.reduceat(memory, first, axis=0))
