@@ -85,6 +85,39 @@ def test_a_group_handed_its_layout_ends_no_worse_than_it_and_at_the_best_given_t
     assert found is not None and found.peak == pytest.approx(min(p for p, _, _ in layouts), rel=1e-4, abs=1e-12)
 
 
+@examples(15)
+@given(tiny_tiered_instances(max_tables=3), st.data(), st.booleans())
+@example(THREE_TINY_TABLES, None, False)
+def test_the_start_handed_to_highs_is_the_layout_and_fits_every_row(instance, data, capped):
+    """What HiGHS is handed as its first incumbent is a layout (one column per table, integral) that meets
+    every row and column bound of the model — with or without a cap at the start's own busiest device — so
+    HiGHS keeps it rather than dropping it as infeasible."""
+    import solvers.balance as balance
+
+    assembly, pools, tables, layouts = _pair_layouts(instance)
+    assume(layouts)
+    peak, _, layout = layouts[0] if data is None else data.draw(st.sampled_from(layouts))
+    handed = {}
+    real = balance._highs
+
+    def spy(objective, matrix, lower, upper, column_upper, integers, time_limit, start):
+        handed.update(matrix=matrix.tocsr(), lower=np.asarray(lower, float), upper=np.asarray(upper, float),
+                      column_upper=column_upper, integers=integers, start=start)
+        return real(objective, matrix, lower, upper, column_upper, integers, time_limit, start)
+
+    balance._highs = spy
+    try:
+        regroup(assembly, [0, 1], tables, pools, 10.0, cap=peak if capped else None, start=dict(zip(tables, layout)))
+    finally:
+        balance._highs = real
+    x = handed["start"]
+    assert x is not None and set(np.unique(x[:handed["integers"]])) <= {0.0, 1.0}
+    assert int(x[:handed["integers"]].sum()) == len(tables)
+    rows = handed["matrix"] @ x
+    assert (rows >= handed["lower"] - 1e-9).all() and (rows <= handed["upper"] + 1e-9).all()
+    assert (x >= 0).all() and (x <= handed["column_upper"] + 1e-9).all()
+
+
 @examples(25)
 @given(tiny_tiered_instances(max_tables=3), st.floats(1.0, 2.0))
 @example(THREE_TINY_TABLES, 1.0)
