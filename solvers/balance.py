@@ -2,8 +2,8 @@
 evenly in work and in memory at once; then the busiest device and one other at a time (two others where no
 one helps and no pair can do the same work for less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
-that can do the same work for less take that layout before it goes on. Two starts, one after the other while time is left (the knapsack's own choice, then one price on
-HBM); the better plan wins. Deterministic: the seed plays no part."""
+that can do the same work for less take that layout before it goes on. Two starts, one after the other while
+time is left (the knapsack's own choice, then one price on HBM); the better plan wins. Deterministic: the seed plays no part."""
 from __future__ import annotations
 
 import itertools
@@ -196,10 +196,7 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
         if len(picked) == len(tables):
             initial = np.zeros(peak + 1)
             initial[picked] = 1.0
-            load = {d: float(costs[d]) for d in devices}
-            for j in picked:
-                load[columns[j][2]] += float(c.work[columns[j][1]])
-            initial[peak] = max(load.values()) / scale
+            initial[peak] = _busiest(assembly, devices, [columns[j][1:] for j in picked]) / scale
     x = _highs(objective, matrix, lower, upper, np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
                peak, time_limit, initial)
     if x is None:
@@ -207,10 +204,16 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
     layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
     if len(layout) != len(tables):
         return None
+    return Regroup(layout, _busiest(assembly, devices, list(layout.values())))
+
+
+def _busiest(assembly: Assembly, devices: list[int], placed: list[tuple[int, int]]) -> float:
+    """The cost of the busiest of `devices` with the (option, device) pairs `placed` added to the assembly's."""
+    costs = assembly.costs()
     load = {d: float(costs[d]) for d in devices}
-    for o, d in layout.values():
-        load[d] += float(c.work[o])
-    return Regroup(layout, max(load.values()))
+    for o, d in placed:
+        load[d] += float(assembly.c.work[o])
+    return max(load.values())
 
 
 def _on(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int]) -> list[int]:
