@@ -164,3 +164,25 @@ def test_pair_balance_runs_from_the_command_line(tmp_path, capsys):
                  "--output", str(out)]) == 0
     assert "pair-balance" in capsys.readouterr().out
     assert out.exists()
+
+
+def test_a_round_of_triples_after_the_pairs_failed_skips_the_pairs_until_one_helps(monkeypatch):
+    """Handed a layout no pair improves (`pairs_tried`), the first round solves groups of three only; once one
+    is kept the layout has changed and the next round tries the pairs again, then the triples."""
+    import solvers.balance as balance
+
+    class Layout:
+        k = 4
+
+        def costs(self):
+            return np.array([3.0, 1.0, 2.0, 0.5])
+
+    solved, keep = [], iter([True])
+    monkeypatch.setattr(balance, "try_group", lambda assembly, pools, group, deadline: (
+        solved.append(len(group)) or next(keep, False)))
+    far = float("inf")
+    assert balance.rebalance(Layout(), {}, far, triples=True, pairs_tried=True) == (1 + 6, 1)
+    assert solved == [3] + [2, 2, 2, 3, 3, 3]
+    solved.clear()
+    assert balance.rebalance(Layout(), {}, far, triples=True) == (6, 0)
+    assert solved == [2, 2, 2, 3, 3, 3]
