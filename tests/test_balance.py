@@ -1,11 +1,12 @@
 """pair-balance: a device group solved again is the best layout of its tables, and a compressed pair the
-least work under its cap (brute force); the solver's plans are valid, no better than the optimum, no worse
-than its first start, and the same for any seed."""
+least work under its cap (brute force); a kick deals out only its devices' tables and leaves a layout that
+fits, or none; the solver's plans are valid, no better than the optimum, no worse than its first start, and
+the same for the same seed."""
 import itertools
 
 import numpy as np
 import pytest
-from conftest import examples
+from conftest import examples, make_table
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from test_sharding import QUICK
@@ -13,12 +14,13 @@ from test_tiers import THREE_TINY_TABLES, tiny_tiered_instances
 
 from benchmarks.brute import brute_force_over_options
 from costmodels import get_oracle
+from instances import Instance, Topology, Workload
 from instances.io import save_instance
 from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
-from solvers.balance import movable, regroup
+from solvers.balance import balanced_start, kick, knapsack_choice, movable, regroup, split_centre
 
 
 def _pair_layouts(instance):
@@ -137,10 +139,10 @@ def test_a_compressed_device_pair_does_the_least_work_under_its_cap(instance, sl
 @examples(20)
 @given(tiny_tiered_instances(max_tables=3))
 @example(THREE_TINY_TABLES)
-def test_pair_balance_plans_are_valid_never_below_the_optimum_and_the_same_for_any_seed(instance):
+def test_pair_balance_plans_are_valid_never_below_the_optimum_and_the_same_for_the_same_seed(instance):
     oracle = get_oracle("analytic")
     optimum = brute_force_over_options(instance, oracle)
-    first, second = (run_solver("pair-balance", instance, oracle, QUICK, seed) for seed in (0, 1))
+    first, second = (run_solver("pair-balance", instance, oracle, QUICK, 0) for _ in range(2))
     if optimum is None:
         assert not first.has_plan
         return
@@ -186,3 +188,45 @@ def test_a_round_of_triples_after_the_pairs_failed_skips_the_pairs_until_one_hel
     solved.clear()
     assert balance.rebalance(Layout(), {}, far, triples=True) == (6, 0)
     assert solved == [2, 2, 2, 3, 3, 3]
+
+
+@st.composite
+def four_device_tiered_instances(draw):
+    """Three to six tables on four devices, HBM short (a tenth to 0.6 of what they need), host memory
+    around what they need."""
+    n = draw(st.integers(3, 6))
+    tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
+    need = sum(t.weight_bytes for t in tables)
+    hbm = max(1, int(need * draw(st.floats(0.1, 0.6))))
+    host = max(1, int(need * draw(st.floats(0.5, 2.0))))
+    return Instance("tiny-tiered-4", tables, Topology(1, 4, hbm, host_memory_bytes=host), Workload(batch_size=16),
+                    sharding_types=("table_wise",)).validate()
+
+
+@examples(20)
+@given(four_device_tiered_instances(), st.integers(0, 3))
+def test_a_kick_deals_out_only_its_devices_tables_and_leaves_a_layout_that_fits_or_none(instance, seed):
+    """A kick moves only tables of the devices it drew (the busiest among them) and ends with every table
+    placed once within every binding memory tier; where it finds no layout the assembly is as it was; the
+    same seed deals the same way."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    far = float("inf")
+    centre = split_centre(candidates, far, 1.0)
+    assume(centre is not None)
+    layouts = []
+    for _ in range(2):
+        assembly = balanced_start(candidates, centre, knapsack_choice, far)
+        assume(assembly is not None)
+        before = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
+        snapshot, busiest = assembly.snapshot(), int(np.argmax(assembly.costs()))
+        kicked = kick(assembly, centre.pools, np.random.default_rng(seed), far)
+        if not kicked:
+            assert all((a == b).all() for a, b in zip(assembly.snapshot(), snapshot))
+            return
+        after = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
+        moved = {d for t in centre.pools if after[t] != before[t] for d in (after[t], before[t])}
+        assert len(moved | {busiest}) <= 3
+        assert (assembly.chosen >= 0).all()
+        assert (assembly.free[:, list(candidates.binding_tiers)] >= 0).all()
+        layouts.append(assembly.snapshot())
+    assert all((a == b).all() for a, b in zip(*layouts))
