@@ -2,9 +2,11 @@
 evenly in work and in memory at once; then the busiest device and one other at a time (two others where no
 one helps and no pair can do the same work for less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
-that can do the same work for less take that layout before it goes on. Then, while time is left, kicks: the
-busiest device's and two others' tables dealt out among them at random (seeded), each device's options chosen
-again, and the groups settled again; a kicked layout is kept where it ends lower."""
+that can do the same work for less take that layout before it goes on. Two starts, one after the other while
+time is left (the knapsack's own choice, then one price on HBM); the better plan wins. Then, while time is
+left, kicks from it: the busiest device's and two others' tables dealt out among them at random (seeded),
+each device's options chosen again, and the groups settled again; a kicked layout is kept where it ends
+lower."""
 from __future__ import annotations
 
 import itertools
@@ -133,11 +135,11 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("threads", 1)
     solver.setOptionValue("time_limit", max(time_limit, 0.01))
-    # Feasibility jump only looks for a first layout, which the start already is (groups replayed from two
-    # tiers-80x8 runs: the same layouts in ~20 % less time).
-    solver.setOptionValue("mip_heuristic_run_feasibility_jump", False)
     solver.passModel(model)
     if start is not None:
+        # Feasibility jump only looks for a first layout, which the start already is (groups replayed from two
+        # tiers-80x8 runs: the same layouts in ~20 % less time).
+        solver.setOptionValue("mip_heuristic_run_feasibility_jump", False)
         # With a start, HiGHS 1.12 may restart after its root and then claim the start optimal where a better
         # layout exists (1 pair in 112 on a tiers-80x8 task, 0.03 % lost): no restarts then.
         solver.setOptionValue("mip_allow_restart", False)
@@ -425,45 +427,54 @@ def settle(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) ->
 def kick(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Generator, deadline: float) -> bool:
     """The movable tables of the busiest device and KICKED - 1 others drawn at random, dealt out among those
     devices at random, each device's options then chosen again exactly for its own memory: a layout no group
-    of the settled one would reach. False, the assembly as it was, where a device finds none."""
+    of the settled one would reach. False, the assembly as it was, where a device finds none or the devices
+    hold no movable table."""
     busiest = int(np.argmax(assembly.costs()))
     others = [d for d in range(assembly.k) if d != busiest]
     devices = [busiest] + [int(d) for d in rng.choice(others, min(KICKED - 1, len(others)), replace=False)]
     tables = _on(assembly, pools, devices)
+    if not tables:
+        return False
     old = {t: assembly.take(t) for t in tables}
     where = {t: devices[int(rng.integers(len(devices)))] for t in tables}
     placed = []
     for d in devices:
         mine = [t for t in tables if where[t] == d]
-        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic())) if mine else None
-        if mine and found is None:
+        if not mine:
+            continue
+        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()))
+        if found is None:
             for t in placed:
                 assembly.take(t)
             for option, on in old.values():
                 assembly.put(option, on)
             return False
-        for t, (o, device) in (found.layout.items() if found else ()):
+        for t, (o, device) in found.layout.items():
             assembly.put(o, np.array([device]))
             placed.append(t)
     return True
 
 
-def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Generator, deadline: float) -> dict:
-    """While time is left and fewer than FRUITLESS_KICKS in a row ended no lower: a `kick`, then `settle`;
-    the kicked layout is kept where its busiest device ends lower, else the one before comes back. Settled
-    layouts are local optima of the groups; on tiers-80x8 under TorchRec's estimator a kick found lower ones
-    (test-092 at HBM 0.5: 1.61 % above the bound settled, 0.76 % after one kick)."""
+def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Generator, deadline: float,
+          max_rounds: int | None = None) -> dict:
+    """While time is left, fewer than FRUITLESS_KICKS in a row ended no lower, and (given `max_rounds`) fewer
+    kicks than that were tried: a `kick`, then `settle`; the kicked layout is kept where its busiest device
+    ends lower, else the one before comes back. Settled layouts are local optima of the groups; on tiers-80x8
+    under TorchRec's estimator a kick found lower ones (test-092 at HBM 0.5: 1.61 % above the bound settled,
+    0.76 % after one kick)."""
     tried = kept = fruitless = 0
-    while not past(deadline) and fruitless < FRUITLESS_KICKS:
+    while not past(deadline) and fruitless < FRUITLESS_KICKS and (max_rounds is None or tried < max_rounds):
         before, peak = assembly.snapshot(), assembly.objective()
         tried += 1
-        if kick(assembly, pools, rng, deadline):
-            settle(assembly, pools, deadline)
-            if assembly.objective() < peak * (1 - RELATIVE_STEP):
-                kept, fruitless = kept + 1, 0
-                continue
-        assembly.load(*before)
-        fruitless += 1
+        if not kick(assembly, pools, rng, deadline):
+            fruitless += 1
+            continue
+        settle(assembly, pools, deadline)
+        if assembly.objective() < peak * (1 - RELATIVE_STEP):
+            kept, fruitless = kept + 1, 0
+        else:
+            assembly.load(*before)
+            fruitless += 1
     return {"kicks": tried, "kicks_kept": kept}
 
 
@@ -471,7 +482,7 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
           "or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; additive oracles",
-          needs_additive=True, splits=True)
+          needs_additive=True, splits=True, stochastic=True)
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     centre = split_centre(candidates, deadline, KNAPSACK_SHARE * budget.time_limit)
@@ -494,5 +505,5 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
             return stuck_result(candidates, best)
         pools = greedy_pools(best)
         stats = {"start": "split-greedy", "start_objective": best.objective(), **settle(best, pools, deadline)}
-    stats.update(kicks(best, pools, np.random.default_rng(seed), deadline))
+    stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds))
     return SolveResult(Status.FEASIBLE, plan=best.plan(), stats=stats)

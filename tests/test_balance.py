@@ -203,30 +203,106 @@ def four_device_tiered_instances(draw):
                     sharding_types=("table_wise",)).validate()
 
 
+def _four_device_start(instance):
+    """The instance's candidates, centre and balanced start (knapsack choice); None where there is none."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    centre = split_centre(candidates, float("inf"), 1.0)
+    assembly = None if centre is None else balanced_start(candidates, centre, knapsack_choice, float("inf"))
+    return None if assembly is None else (candidates, centre, assembly)
+
+
+def _state(assembly):
+    chosen, device = assembly.snapshot()
+    return chosen, device, assembly.free.copy(), assembly.costs().astype(float)
+
+
+def _same_state(a, b):
+    return all((x == y).all() for x, y in zip(a[:3], b[:3])) and np.allclose(a[3], b[3], rtol=1e-12, atol=0)
+
+
+def _fits(assembly):
+    return (assembly.free[:, list(assembly.c.binding_tiers)] >= 0).all() and (assembly.chosen >= 0).all()
+
+
 @examples(20)
 @given(four_device_tiered_instances(), st.integers(0, 3))
 def test_a_kick_deals_out_only_its_devices_tables_and_leaves_a_layout_that_fits_or_none(instance, seed):
-    """A kick moves only tables of the devices it drew (the busiest among them) and ends with every table
-    placed once within every binding memory tier; where it finds no layout the assembly is as it was; the
-    same seed deals the same way."""
-    candidates = Candidates.build(instance, get_oracle("analytic"))
-    far = float("inf")
-    centre = split_centre(candidates, far, 1.0)
-    assume(centre is not None)
+    """A kick moves only tables of the busiest device and the two it draws, and ends with every table placed
+    once within every binding memory tier; where it finds no layout the assembly is as it was, memory and
+    costs included; the same seed deals the same way."""
     layouts = []
     for _ in range(2):
-        assembly = balanced_start(candidates, centre, knapsack_choice, far)
-        assume(assembly is not None)
+        started = _four_device_start(instance)
+        assume(started is not None)
+        candidates, centre, assembly = started
         before = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
-        snapshot, busiest = assembly.snapshot(), int(np.argmax(assembly.costs()))
-        kicked = kick(assembly, centre.pools, np.random.default_rng(seed), far)
-        if not kicked:
-            assert all((a == b).all() for a, b in zip(assembly.snapshot(), snapshot))
+        state, busiest = _state(assembly), int(np.argmax(assembly.costs()))
+        drawn = np.random.default_rng(seed).choice([d for d in range(4) if d != busiest], 2, replace=False)
+        if not kick(assembly, centre.pools, np.random.default_rng(seed), float("inf")):
+            assert _same_state(_state(assembly), state)
             return
         after = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
         moved = {d for t in centre.pools if after[t] != before[t] for d in (after[t], before[t])}
-        assert len(moved | {busiest}) <= 3
-        assert (assembly.chosen >= 0).all()
-        assert (assembly.free[:, list(candidates.binding_tiers)] >= 0).all()
+        assert moved <= {busiest, *map(int, drawn)}
+        assert _fits(assembly)
         layouts.append(assembly.snapshot())
     assert all((a == b).all() for a, b in zip(*layouts))
+
+
+def test_a_kick_that_fails_on_a_later_device_puts_back_what_it_had_placed(monkeypatch):
+    """Where the second device of a kick finds no layout, the tables the first one took are taken out again and
+    every table goes back where it was: the same options, devices, free memory and costs."""
+    import solvers.balance as balance
+
+    tables = tuple(make_table(f"t{i}", 40, 8, 2.0 + i) for i in range(8))
+    need = sum(t.weight_bytes for t in tables)
+    instance = Instance("tiny-tiered-4", tables, Topology(1, 4, need // 2, host_memory_bytes=need),
+                        Workload(batch_size=16), sharding_types=("table_wise",)).validate()
+    started = _four_device_start(instance)
+    assert started is not None
+    candidates, centre, assembly = started
+    state = _state(assembly)
+    real, calls = balance.regroup, []
+
+    def second_fails(*args, **kwargs):
+        calls.append(args[1])
+        return None if len(calls) == 2 else real(*args, **kwargs)
+
+    monkeypatch.setattr(balance, "regroup", second_fails)
+    seed = next(s for s in range(50) if _deals_to_two_devices(assembly, centre.pools, s))
+    assert not kick(assembly, centre.pools, np.random.default_rng(seed), float("inf"))
+    assert len(calls) == 2 and _same_state(_state(assembly), state)
+
+
+def _deals_to_two_devices(assembly, pools, seed):
+    """Whether a kick with this seed gives tables to at least two of its devices (drawn as `kick` draws)."""
+    import solvers.balance as balance
+
+    rng = np.random.default_rng(seed)
+    busiest = int(np.argmax(assembly.costs()))
+    devices = [busiest, *map(int, rng.choice([d for d in range(assembly.k) if d != busiest], 2, replace=False))]
+    tables = balance._on(assembly, pools, devices)
+    return len({devices[int(rng.integers(3))] for _ in tables}) >= 2
+
+
+@examples(10)
+@given(four_device_tiered_instances(), st.integers(0, 3))
+def test_kicks_never_end_higher_keep_a_layout_that_fits_and_follow_the_seed(instance, seed):
+    """From a settled start, kicks end no higher than it, within every tier; where none is kept the layout is
+    the start's; the same seed gives the same layout."""
+    from solvers.balance import kicks, settle
+
+    ends = []
+    for _ in range(2):
+        started = _four_device_start(instance)
+        assume(started is not None)
+        candidates, centre, assembly = started
+        settle(assembly, centre.pools, float("inf"))
+        state, peak = _state(assembly), assembly.objective()
+        stats = kicks(assembly, centre.pools, np.random.default_rng(seed), float("inf"), max_rounds=6)
+        assert stats["kicks"] <= 6 and assembly.objective() <= peak
+        assert _fits(assembly)
+        if not stats["kicks_kept"]:
+            assert _same_state(_state(assembly), state)
+        ends.append(assembly.snapshot())
+    assert all((a == b).all() for a, b in zip(*ends))
