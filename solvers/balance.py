@@ -341,17 +341,29 @@ def balanced_start(candidates: Candidates, centre: Centre, choose: Callable[[Cen
     assembly = with_splits(candidates, centre.chosen, centre.pools)
     if assembly is None:
         return None
-    where = spread(assembly, choose(centre, assembly))
-    for d in range(assembly.k):
-        tables = [t for t in where if where[t] == d]
-        if not tables:
+    placed = per_device(assembly, spread(assembly, choose(centre, assembly)), range(assembly.k), centre.pools,
+                        deadline)
+    return assembly if placed else None
+
+
+def per_device(assembly: Assembly, where: dict[int, int], devices, pools: dict[int, np.ndarray],
+               deadline: float) -> bool:
+    """Each of `devices` takes the tables `where` gives it, its options chosen exactly for its own memory
+    (`regroup` on that device alone). False, with what it had placed taken out again, where one finds none."""
+    placed = []
+    for d in devices:
+        mine = [t for t in where if where[t] == d]
+        if not mine:
             continue
-        found = regroup(assembly, [d], tables, centre.pools, min(GROUP_TIME_CAP, deadline - time.monotonic()))
+        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()))
         if found is None:
-            return None
+            for t in placed:
+                assembly.take(t)
+            return False
         for t, (o, device) in found.layout.items():
             assembly.put(o, np.array([device]))
-    return assembly
+            placed.append(t)
+    return True
 
 
 def greedy_pools(assembly: Assembly) -> dict[int, np.ndarray]:
@@ -437,22 +449,11 @@ def kick(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Genera
         return False
     old = {t: assembly.take(t) for t in tables}
     where = {t: devices[int(rng.integers(len(devices)))] for t in tables}
-    placed = []
-    for d in devices:
-        mine = [t for t in tables if where[t] == d]
-        if not mine:
-            continue
-        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()))
-        if found is None:
-            for t in placed:
-                assembly.take(t)
-            for option, on in old.values():
-                assembly.put(option, on)
-            return False
-        for t, (o, device) in found.layout.items():
-            assembly.put(o, np.array([device]))
-            placed.append(t)
-    return True
+    if per_device(assembly, where, devices, pools, deadline):
+        return True
+    for option, on in old.values():
+        assembly.put(option, on)
+    return False
 
 
 def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Generator, deadline: float,
