@@ -35,7 +35,7 @@ from instances.options import (
     plan_from_choice,
 )
 from instances.moves import NOT_REPLANNED, Previous
-from instances.sharding import COLUMN_BLOCKS, TABLE_WISE
+from instances.sharding import COLUMN_BLOCKS, DATA_PARALLEL, TABLE_WISE
 
 from .choice import MEMORY_SHARES, choose_options, on_lower_hull, option_weight
 from .moves import Moves, old_option_of
@@ -222,6 +222,11 @@ class Candidates:
 
     def placement(self, o: int) -> str:
         return self.options.options[o].placement
+
+    @cached_property
+    def replicated(self) -> np.ndarray:
+        """Per option, whether it is data-parallel: a replica of the whole table on every device."""
+        return np.array([o.sharding_type == DATA_PARALLEL for o in self.options.options], dtype=bool)
 
     @cached_property
     def free_piece(self) -> np.ndarray:

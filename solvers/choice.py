@@ -125,11 +125,47 @@ def summed_knapsack(candidates, time_limit: float, level: float = np.inf) -> np.
     step overshoots. Options whose largest piece costs more than `level` are left out (all but those with
     the smallest largest piece, where a table has none below it). None where HiGHS returns no choice in
     time."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
-    from scipy.sparse import coo_matrix
+    from scipy.optimize import Bounds, milp
 
     if any(ids.size == 0 for ids in candidates.by_table):
         return None
+    live, rows, constraints, work = _summed_model(candidates, level)
+    result = milp(work, constraints=constraints, integrality=np.ones(live.size), bounds=Bounds(0, 1),
+                  options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": KNAPSACK_GAP})
+    if result.x is None:
+        return None
+    picked = result.x > 0.5
+    chosen = np.full(len(candidates.by_table), -1, dtype=np.int64)
+    chosen[rows[picked]] = live[picked]
+    return chosen if (chosen >= 0).all() else None
+
+
+def summed_relaxation(candidates) -> float:
+    """The least total work of `summed_knapsack` with its options fractional (an LP, a fraction of the
+    knapsack's time): a lower bound on the work of any choice that fits the summed memory; infinite where
+    none does."""
+    from scipy.optimize import Bounds, milp
+
+    if any(ids.size == 0 for ids in candidates.by_table):
+        return np.inf
+    live, _, constraints, work = _summed_model(candidates, np.inf)
+    result = milp(work, constraints=constraints, bounds=Bounds(0, 1))
+    return np.inf if result.x is None else float(result.fun) * _work_unit(candidates, live)
+
+
+def _work_unit(candidates, live: np.ndarray) -> float:
+    """What the knapsack's work is measured in: the largest option's, so that HiGHS's absolute tolerances
+    mean the same at any cost scale."""
+    return max(float(candidates.work[live].max()), 1e-300)
+
+
+def _summed_model(candidates, level: float):
+    """The summed-memory knapsack's columns (live options below `level`, as `summed_knapsack` keeps them),
+    each column's table, its rows (one option per table, each binding tier's bytes within the summed
+    capacity) and its work in `_work_unit`s."""
+    from scipy.optimize import LinearConstraint
+    from scipy.sparse import coo_matrix
+
     by_table = []
     for ids in candidates.by_table:
         below = candidates.biggest[ids] <= level * (1 + RELATIVE_STEP)
@@ -141,16 +177,7 @@ def summed_knapsack(candidates, time_limit: float, level: float = np.inf) -> np.
     capacity = candidates.instance.capacity.sum(axis=0).astype(float)
     for tier in candidates.binding_tiers:
         constraints.append(LinearConstraint(candidates.total_storage[live, tier][None, :] / capacity[tier], 0, 1))
-    # In units of the largest work, so that HiGHS's absolute tolerances mean the same at any cost scale.
-    work = candidates.work[live] / max(float(candidates.work[live].max()), 1e-300)
-    result = milp(work, constraints=constraints, integrality=np.ones(live.size), bounds=Bounds(0, 1),
-                  options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": KNAPSACK_GAP})
-    if result.x is None:
-        return None
-    picked = result.x > 0.5
-    chosen = np.full(len(by_table), -1, dtype=np.int64)
-    chosen[rows[picked]] = live[picked]
-    return chosen if (chosen >= 0).all() else None
+    return live, rows, constraints, candidates.work[live] / _work_unit(candidates, live)
 
 
 def knapsack_centre(candidates, time_cap: float, deadline: float) -> np.ndarray | None:

@@ -20,7 +20,8 @@ from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
-from solvers.balance import balanced_start, kick, knapsack_choice, movable, regroup, split_centre
+from solvers.balance import (REPLICA_SAVING, balanced_start, centre_over, kick, knapsack_choice, movable, regroup,
+                             split_centre)
 
 
 def _pair_layouts(instance):
@@ -188,6 +189,53 @@ def test_a_round_of_triples_after_the_pairs_failed_skips_the_pairs_until_one_hel
     solved.clear()
     assert balance.rebalance(Layout(), {}, far, triples=True) == (6, 0)
     assert solved == [2, 2, 2, 3, 3, 3]
+
+
+@st.composite
+def replica_instances(draw):
+    """Three to six tables on four devices that may be table-wise or data-parallel, HBM from a tenth to 1.5
+    of what the tables need, host memory around it."""
+    n = draw(st.integers(3, 6))
+    tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
+    need = sum(t.weight_bytes for t in tables)
+    hbm = max(1, int(need * draw(st.floats(0.1, 1.5))))
+    host = max(1, int(need * draw(st.floats(0.5, 2.0))))
+    return Instance("tiny-replicas", tables, Topology(1, 4, hbm, host_memory_bytes=host),
+                    Workload(batch_size=draw(st.sampled_from([16, 256, 4096]))),
+                    sharding_types=("table_wise", "data_parallel")).validate()
+
+
+# Replicas in the centre over every option, and a centre without them that does less work.
+DROPPED_REPLICAS = Instance("tiny-replicas", (make_table("t0", 20, 8, 18.818590311799003),
+                                              make_table("t1", 7, 8, 19.80250828152176),
+                                              make_table("t2", 15, 8, 5.56305177045124)),
+                            Topology(1, 4, 336, host_memory_bytes=336), Workload(batch_size=16),
+                            sharding_types=("table_wise", "data_parallel")).validate()
+
+
+@examples(30)
+@given(replica_instances())
+@example(DROPPED_REPLICAS)
+def test_the_centre_drops_replicas_exactly_where_that_costs_at_most_the_replica_saving(instance):
+    """Where the centre over every option keeps data-parallel replicas, the centre is the one without them if
+    that does at most REPLICA_SAVING more work, else the one with them; never more work than that."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    full = centre_over(candidates, candidates.live, float("inf"), 1.0)
+    assume(full is not None)
+    got = split_centre(candidates, float("inf"), 1.0)
+    work = candidates.work
+    assert work[got.chosen].sum() <= work[full.chosen].sum() * (1 + REPLICA_SAVING)
+    if not candidates.replicated[full.chosen].any():
+        assert (got.chosen == full.chosen).all()
+        return
+    keep = candidates.live & ~candidates.replicated
+    for ids in candidates.by_table:
+        keep[ids] |= not keep[ids].any()
+    bare = centre_over(candidates, keep, float("inf"), 1.0)
+    cheap = bare is not None and work[bare.chosen].sum() <= work[full.chosen].sum() * (1 + REPLICA_SAVING)
+    assert (got.chosen == (bare if cheap else full).chosen).all()
+    if instance is DROPPED_REPLICAS:
+        assert cheap and not candidates.replicated[got.chosen].any()
 
 
 @st.composite

@@ -31,7 +31,7 @@ from instances.options import enumerate_options
 from instances.sharding import compact, expand, plan_from_dict, plan_to_dict
 from shardbench.cli import main
 from solvers import Candidates, SolverOracleMismatch, Status, lp_bound, option_bounds, run_solver
-from solvers.choice import MEMORY_SHARES, choose_options, knapsack_centre, summed_knapsack
+from solvers.choice import MEMORY_SHARES, choose_options, knapsack_centre, summed_knapsack, summed_relaxation
 from solvers.base import OPTIMALITY_TOLERANCE, Budget
 from solvers.candidates import Problem
 from solvers.choice import option_weight
@@ -397,7 +397,8 @@ def test_a_plan_that_contradicts_its_instance_is_refused(tmp_path, capsys):
 @given(tiny_tiered_instances(max_tables=3), st.sampled_from([np.inf, 0.5, 2.0]))
 def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_devices(instance, level):
     """Against brute force over every choice of options (one per table, pieces below the level where the
-    table has such options): none fits the capacity summed over devices with less work."""
+    table has such options): none fits the capacity summed over devices with less work, and none does less
+    work than the knapsack's LP relaxation."""
     candidates = Candidates.build(instance, get_oracle("analytic"))
     assume(all(ids.size for ids in candidates.by_table))
     level = level * max(float(candidates.biggest[ids].min()) for ids in candidates.by_table)
@@ -417,6 +418,8 @@ def test_the_summed_knapsack_is_the_least_work_that_fits_the_memory_summed_over_
     assert all(candidates.total_storage[chosen, tier].sum() <= capacity[tier] for tier in candidates.binding_tiers)
     least = min(candidates.work[combo].sum() for combo in fitting)
     assert candidates.work[chosen].sum() <= least * (1 + 1e-6) + 1e-15
+    # Its relaxation bounds every choice that fits from below, whatever the level.
+    assert summed_relaxation(candidates) <= least * (1 + 1e-9) + 1e-15
 
 
 def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(monkeypatch):
