@@ -1,6 +1,6 @@
 """pair-balance: a device group solved again is the best layout of its tables, and a compressed pair the
-least work under its cap (brute force); a kick deals out only its devices' tables and leaves a layout that
-fits, or none; the solver's plans are valid, no better than the optimum, no worse than its first start, and
+least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
+saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the solver's plans are valid, no better than the optimum, no worse than its first start, and
 the same for the same seed."""
 import itertools
 
@@ -192,17 +192,17 @@ def test_a_round_of_triples_after_the_pairs_failed_skips_the_pairs_until_one_hel
 
 
 @st.composite
-def replica_instances(draw):
-    """Three to six tables on four devices that may be table-wise or data-parallel, HBM from a tenth to 1.5
-    of what the tables need, host memory around it."""
+def four_device_tiered_instances(draw, types=("table_wise",), most_hbm: float = 0.6, batches=(16,)):
+    """Three to six tables on four devices, of sharding `types`, HBM short (a tenth to `most_hbm` of what they
+    need), host memory around what they need, a batch among `batches`."""
     n = draw(st.integers(3, 6))
     tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
     need = sum(t.weight_bytes for t in tables)
-    hbm = max(1, int(need * draw(st.floats(0.1, 1.5))))
+    hbm = max(1, int(need * draw(st.floats(0.1, most_hbm))))
     host = max(1, int(need * draw(st.floats(0.5, 2.0))))
-    return Instance("tiny-replicas", tables, Topology(1, 4, hbm, host_memory_bytes=host),
-                    Workload(batch_size=draw(st.sampled_from([16, 256, 4096]))),
-                    sharding_types=("table_wise", "data_parallel")).validate()
+    batch = batches[0] if len(batches) == 1 else draw(st.sampled_from(batches))
+    return Instance("tiny-tiered-4", tables, Topology(1, 4, hbm, host_memory_bytes=host), Workload(batch_size=batch),
+                    sharding_types=types).validate()
 
 
 # Replicas in the centre over every option, and a centre without them that does less work.
@@ -214,7 +214,8 @@ DROPPED_REPLICAS = Instance("tiny-replicas", (make_table("t0", 20, 8, 18.8185903
 
 
 @examples(30)
-@given(replica_instances())
+@given(four_device_tiered_instances(types=("table_wise", "data_parallel"), most_hbm=1.5,
+                                     batches=(16, 256, 4096)))
 @example(DROPPED_REPLICAS)
 def test_the_centre_drops_replicas_exactly_where_that_costs_at_most_the_replica_saving(instance):
     """Where the centre over every option keeps data-parallel replicas, the centre is the one without them if
@@ -236,19 +237,6 @@ def test_the_centre_drops_replicas_exactly_where_that_costs_at_most_the_replica_
     assert (got.chosen == (bare if cheap else full).chosen).all()
     if instance is DROPPED_REPLICAS:
         assert cheap and not candidates.replicated[got.chosen].any()
-
-
-@st.composite
-def four_device_tiered_instances(draw):
-    """Three to six tables on four devices, HBM short (a tenth to 0.6 of what they need), host memory
-    around what they need."""
-    n = draw(st.integers(3, 6))
-    tables = tuple(make_table(f"t{i}", draw(st.integers(4, 40)), 8, draw(st.floats(0.5, 20.0))) for i in range(n))
-    need = sum(t.weight_bytes for t in tables)
-    hbm = max(1, int(need * draw(st.floats(0.1, 0.6))))
-    host = max(1, int(need * draw(st.floats(0.5, 2.0))))
-    return Instance("tiny-tiered-4", tables, Topology(1, 4, hbm, host_memory_bytes=host), Workload(batch_size=16),
-                    sharding_types=("table_wise",)).validate()
 
 
 def _four_device_start(instance):
