@@ -143,14 +143,16 @@ def summed_knapsack(candidates, time_limit: float, level: float = np.inf) -> np.
 def summed_relaxation(candidates) -> float:
     """The least total work of `summed_knapsack` with its options fractional (an LP, a fraction of the
     knapsack's time): a lower bound on the work of any choice that fits the summed memory; infinite where
-    none does."""
+    none does, 0 where HiGHS returns no answer (no bound)."""
     from scipy.optimize import Bounds, milp
 
     if any(ids.size == 0 for ids in candidates.by_table):
         return np.inf
     live, _, constraints, work = _summed_model(candidates, np.inf)
     result = milp(work, constraints=constraints, bounds=Bounds(0, 1))
-    return np.inf if result.x is None else float(result.fun) * _work_unit(candidates, live)
+    if result.x is None:
+        return np.inf if result.status == 2 else 0.0
+    return float(result.fun) * _work_unit(candidates, live)
 
 
 def _work_unit(candidates, live: np.ndarray) -> float:

@@ -1,7 +1,8 @@
 """pair-balance: a device group solved again is the best layout of its tables, and a compressed pair the
 least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
-saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the solver's plans are valid, no better than the optimum, no worse than its first start, and
-the same for the same seed."""
+saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the
+solver's plans are valid, no better than the optimum, no worse than its first start, and the same for the
+same seed."""
 import itertools
 
 import numpy as np
@@ -237,6 +238,22 @@ def test_the_centre_drops_replicas_exactly_where_that_costs_at_most_the_replica_
     assert (got.chosen == (bare if cheap else full).chosen).all()
     if instance is DROPPED_REPLICAS:
         assert cheap and not candidates.replicated[got.chosen].any()
+
+
+def test_the_replica_saving_is_the_threshold_and_the_relaxation_skips_no_centre_within_it(monkeypatch):
+    """With the saving allowed just above what the replica-free centre costs, replicas go (a relaxation that
+    overstated its bound by 1 % would skip that centre); just below, they stay."""
+    import solvers.balance as balance
+
+    candidates = Candidates.build(DROPPED_REPLICAS, get_oracle("analytic"))
+    work = candidates.work
+    full = centre_over(candidates, candidates.live, float("inf"), 1.0)
+    bare = centre_over(candidates, candidates.live & ~candidates.replicated, float("inf"), 1.0)
+    ratio = work[bare.chosen].sum() / work[full.chosen].sum()
+    for factor, dropped in ((1 - 1e-6, False), (1 + 1e-6, True)):
+        monkeypatch.setattr(balance, "REPLICA_SAVING", ratio * factor - 1)
+        got = split_centre(candidates, float("inf"), 1.0)
+        assert (not candidates.replicated[got.chosen].any()) == dropped
 
 
 def _four_device_start(instance):
