@@ -5,10 +5,9 @@ where, in which option — from their current layout, until no group lowers the 
 that can do the same work for less take that layout before it goes on. The centre is the knapsack over
 memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing.
 Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
-better plan wins. Then, while time is
-left, kicks from it: the busiest device's and two others' tables dealt out among them at random (seeded),
-each device's options chosen again, and the groups settled again; a kicked layout is kept where it ends
-lower."""
+better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
+out among them at random (seeded), each device's options chosen again, and the groups settled again; a
+kicked layout is kept where it ends lower."""
 from __future__ import annotations
 
 import itertools
@@ -292,10 +291,11 @@ def with_splits(candidates: Candidates, chosen: np.ndarray, single: dict) -> Ass
 
 def split_centre(candidates: Candidates, deadline: float, knapsack_limit: float) -> Centre | None:
     """`centre_over` every option, or, where that centre keeps data-parallel replicas and a centre without
-    them (but where a table has no other option) does at most REPLICA_SAVING more work, that one. A replica is pinned to every device: the groups can
-    neither move it nor re-choose it, and its HBM is taken on each device, so one that saves the knapsack
-    next to nothing can still cost the packing a lot (tiers-80x8 at HBM 0.25 under TorchRec's estimator:
-    10 replicas saving 0.08 % of the work left `test-091` 6.1 % above the bound at 10 s, 0.8 % without)."""
+    them (but where a table has no other option) does at most REPLICA_SAVING more work, that one. A replica
+    is pinned to every device: the groups can neither move it nor re-choose it, and its HBM is taken on each
+    device, so one that saves the knapsack next to nothing can still cost the packing a lot (tiers-80x8 at
+    HBM 0.25 under TorchRec's estimator: 10 replicas saving 0.08 % of the work left `test-091` 6.1 % above
+    the bound at 10 s, 0.8 % without)."""
     centre = centre_over(candidates, candidates.live, deadline, knapsack_limit)
     replica = candidates.replicated
     if centre is None or not replica[centre.chosen].any():
