@@ -16,19 +16,16 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-LOWEST_PRIORITY = 19  # the niceness a yielding job runs at (POSIX caps it there)
 
 
 @dataclass(frozen=True)
 class Job:
     """`work` runs in the child and returns a picklable value; `deadline` is the wall-clock seconds it may
-    take before its process group is killed; `key` is the caller's handle on it. A `yielding` job runs at
-    the lowest CPU priority: where the jobs want more cores than there are, the others keep theirs."""
+    take before its process group is killed; `key` is the caller's handle on it."""
 
     key: Any
     work: Callable[[], Any]
     deadline: float
-    yielding: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,8 +70,6 @@ def _child(connection, job: Job, parent: int) -> None:
         # Jobs are the parallel unit: a torch thread pool per job on top would oversubscribe the cores,
         # and OpenMP's spinning threads then slow every small network call by two orders of magnitude.
         sys.modules["torch"].set_num_threads(1)
-    if job.yielding and hasattr(os, "nice"):
-        os.nice(LOWEST_PRIORITY)
     try:
         connection.send(("ok", job.work()))
     except BaseException as exc:  # the parent turns anything the work raises into an outcome

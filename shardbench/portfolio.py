@@ -149,16 +149,11 @@ def race_members(problem: Problem, clock: Budget, pricing: float, names: tuple[s
     """Every member at once, each in its own process, on the priced (sealed) problem. A member still running
     when the promised wall time (less the parent's margin) is up is killed, or, when pricing took the
     budget, once it has had `first_plan_allowance` to build a first plan. A member of the problem as posed
-    whose plan is proven optimal, or certified within the clock's gap of its bound, stops the rest.
-    A member that keeps several threads busy (CP-SAT) yields the CPU to the others where cores are short: on 2
-    cores its two workers beside `pair-balance` took most of the machine (tiers-80x8 at HBM 0.75 under
-    TorchRec's estimator, `plan` at 10 s: certified within 2 % on 11-12 of 20 runs, 18 of 20 yielding), and
-    one worker instead lost its LNS workers' plans (DLRM Criteo: 42.5 ms against 33.5-34.0)."""
+    whose plan is proven optimal, or certified within the clock's gap of its bound, stops the rest."""
     instance = problem.instance
     posed = {name: get_solver(name).splits or not instance.allows_splits for name in names}
     kill = max(wall_limit(clock.time_limit) - PARENT_MARGIN_S - pricing, first_plan_allowance(clock.time_limit))
-    jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), kill, yielding=get_solver(name).parallel)
-            for name in names]
+    jobs = [Job(name, functools.partial(_solve, name, problem, clock, seed), kill) for name in names]
     members: list[Member] = []
 
     def finished(outcome: Outcome) -> None:

@@ -182,7 +182,6 @@ planner that plans under its own cost and storage model; it may find no plan whe
     budgeted: bool = True
     peer: bool = False
     replans: bool = False  # starts from a previous plan and keeps within a move budget (shardbench replan)
-    parallel: bool = False  # keeps several threads busy (CP-SAT: a worker per core)
 
 
 class UnknownSolverError(KeyError):

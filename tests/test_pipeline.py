@@ -1,7 +1,6 @@
 """The planning pipeline stage by stage (narrow, admit, choose, price, race, certify, report), and every
 entry point calling it: the CLI's `plan` and `shardbench.plan` give the same plan for the same
 deterministic member and defaults."""
-import functools
 import json
 
 import pytest
@@ -244,23 +243,3 @@ def test_where_every_member_dead_ends_the_exact_model_still_finds_the_plan(monke
         assert run(PlanRequest(crowded, "lookup", budget=1.0, solvers=("dead-end",))).result.plan is None
     finally:
         del _REGISTRY["dead-end"]
-
-
-def test_a_member_that_keeps_several_threads_busy_yields_the_cpu_to_the_others_and_only_it(monkeypatch):
-    # CP-SAT's workers beside pair-balance on 2 cores took most of the machine: in the race it runs at the
-    # lowest priority, in its own process, and the parent and the other members keep theirs.
-    import os
-
-    import shardbench.portfolio as portfolio
-    from shardbench.isolation import Job, run_isolated
-
-    outcomes = []
-    run_isolated([Job(flag, functools.partial(os.nice, 0), 30.0, yielding=flag) for flag in (True, False)], 2,
-                 outcomes.append)
-    assert sorted((o.job.key, o.value) for o in outcomes) == [(False, os.nice(0)), (True, 19)]
-    jobs = []
-    real = portfolio.run_isolated
-    monkeypatch.setattr(portfolio, "run_isolated", lambda given, *rest: jobs.extend(given) or real(jobs, *rest))
-    report = run(PlanRequest(_split(), "lookup", budget=1.0, solvers=("cpsat", "local-search")))
-    assert report.result.plan is not None
-    assert {job.key: job.yielding for job in jobs} == {"cpsat": True, "local-search": False, SAFETY_NET: False}
