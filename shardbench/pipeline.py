@@ -14,7 +14,7 @@ from instances import Instance, InstanceError
 from instances.memory import format_bytes
 from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
-from solvers.base import incompatibility, memory_infeasibility
+from solvers.base import incompatibility, load_backends, memory_infeasibility
 
 from .portfolio import (
     REPLAN_PORTFOLIO,
@@ -350,6 +350,7 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     say(f"{instance.id} under {request.oracle}, budget {request.budget:g} s: "
         f"{doing} {' + '.join(dict.fromkeys([*portfolio, net]))}")
     oracle = get_oracle(request.oracle)
+    load_backends(members)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members), request.previous)
     result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped), notes=request.notes)

@@ -514,7 +514,7 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
           "or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; additive oracles",
-          needs_additive=True, splits=True, stochastic=True)
+          needs_additive=True, splits=True, stochastic=True, backends=("highspy",))
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     centre = split_centre(candidates, deadline, KNAPSACK_SHARE * budget.time_limit)

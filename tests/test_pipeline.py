@@ -243,3 +243,45 @@ def test_where_every_member_dead_ends_the_exact_model_still_finds_the_plan(monke
         assert run(PlanRequest(crowded, "lookup", budget=1.0, solvers=("dead-end",))).result.plan is None
     finally:
         del _REGISTRY["dead-end"]
+
+
+_WATCHED = ("scipy.optimize", "highspy", "ortools.sat.python.cp_model", "pulp")
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "pair-balance", "milp-highs", "milp-cbc", "local-search"])
+def test_a_solver_run_imports_no_backend_that_load_backends_left_out(solver):
+    # plan loads the members' back-ends before its clock starts and forks them afterwards: one the metadata
+    # leaves out would be imported again in every member, on its budget. A fresh interpreter, so that nothing
+    # is loaded before.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = f"""
+import json, sys
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+from conftest import make_instance
+from costmodels import get_oracle
+from solvers import Budget, run_solver
+from solvers.base import load_backends
+load_backends([{solver!r}])
+loaded = {{m for m in {_WATCHED!r} if m in sys.modules}}
+instance = make_instance([(10, 4, 5.0), (10, 4, 4.0), (10, 4, 3.0), (10, 4, 3.0)], 2, 10**6, "odd")
+run_solver({solver!r}, instance, get_oracle("lookup"), Budget(1.0))
+late = {{m for m in {_WATCHED!r} if m in sys.modules}} - loaded
+print(json.dumps({{"loaded": sorted(loaded), "late": sorted(late)}}))
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["late"] == [] and "scipy.optimize" in seen["loaded"], seen
+
+
+def test_plan_loads_its_members_backends_before_its_clock_starts(monkeypatch):
+    import shardbench.pipeline as pipeline
+
+    calls = []
+    real_price = pipeline.price
+    monkeypatch.setattr(pipeline, "load_backends", lambda names: calls.append(("load", tuple(names))))
+    monkeypatch.setattr(pipeline, "price", lambda *args, **kw: calls.append(("price",)) or real_price(*args, **kw))
+    run(PlanRequest(_split(), "lookup", budget=1.0, solvers=("cpsat",)))
+    assert calls == [("load", ("cpsat", SAFETY_NET)), ("price",)]
