@@ -22,7 +22,7 @@ from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
 from solvers.balance import (REPLICA_SAVING, balanced_start, centre_over, kick, knapsack_choice, movable, regroup,
-                             split_centre)
+                             split_centre, without_replicas)
 
 
 def _pair_layouts(instance):
@@ -230,10 +230,7 @@ def test_the_centre_drops_replicas_exactly_where_that_costs_at_most_the_replica_
     if not candidates.replicated[full.chosen].any():
         assert (got.chosen == full.chosen).all()
         return
-    keep = candidates.live & ~candidates.replicated
-    for ids in candidates.by_table:
-        keep[ids] |= not keep[ids].any()
-    bare = centre_over(candidates, keep, float("inf"), 1.0)
+    bare = centre_over(candidates, without_replicas(candidates), float("inf"), 1.0)
     cheap = bare is not None and work[bare.chosen].sum() <= work[full.chosen].sum() * (1 + REPLICA_SAVING)
     assert (got.chosen == (bare if cheap else full).chosen).all()
     if instance is DROPPED_REPLICAS:
