@@ -1,5 +1,5 @@
 """`pair-balance`: for tables that trade HBM for cost, the single-piece tables are spread over the devices
-evenly in work and in memory at once; then the busiest device and one other at a time (two others where no
+evenly in work and in memory at once, levelled by a fast fit of each device's options to its HBM; then the busiest device and one other at a time (two others where no
 one helps and no pair can do the same work for less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
 that can do the same work for less take that layout before it goes on. The centre is the knapsack over
@@ -26,6 +26,7 @@ from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsa
 from .search import split_greedy, stuck_result
 
 KNAPSACK_SHARE = 0.1     # of the budget, the most the summed-memory knapsack may take
+LEVEL_SHARE = 0.05       # of the budget, the most a start's levelling may take (~0.2 s at 80 x 8, seconds at 200 x 16)
 GROUP_TIME_CAP = 1.0     # seconds one pair's MILP may take (most take well under 0.5 s at 80 x 8)
 # Seconds a group of three may take: most run out of time without proving anything, and what they find
 # they mostly find early from the current layout (tiers-80x8 under TorchRec's estimator: 1 s each was 20-40 %
@@ -370,16 +371,103 @@ STARTS = (("knapsack", knapsack_choice), ("one price", one_price_choice))  # tri
 
 
 def balanced_start(candidates: Candidates, centre: Centre, choose: Callable[[Centre, Assembly], dict[int, int]],
-                   deadline: float) -> Assembly | None:
+                   deadline: float, level_until: float | None = None) -> Assembly | None:
     """The centre's split tables placed first, then its single-piece tables in the options `choose` gives
-    them, spread over the devices, and each device's options chosen exactly; None where a step finds no
-    room."""
+    them, spread over the devices, levelled (`level`, until `level_until`, else not at all), and each
+    device's options chosen exactly; None where a step finds no room."""
     assembly = with_splits(candidates, centre.chosen, centre.pools)
     if assembly is None:
         return None
-    placed = per_device(assembly, spread(assembly, choose(centre, assembly)), range(assembly.k), centre.pools,
-                        deadline)
+    where = spread(assembly, choose(centre, assembly))
+    if level_until is not None:
+        where = level(assembly, where, centre.pools, min(level_until, deadline))
+    placed = per_device(assembly, where, range(assembly.k), centre.pools, deadline)
     return assembly if placed else None
+
+
+class HullFit:
+    """Per device, the work its single-piece tables do in options that fit its free HBM, chosen along each
+    table's lower hull of (HBM, work): every table at its least-work point, then whole hull steps down,
+    least work added per byte saved first, until the device's HBM fits. A choice that fits, so `per_device`'s
+    exact one does no more work; computed in microseconds where that is a MILP. Infinite where even every
+    table's leanest point does not fit."""
+
+    def __init__(self, candidates: Candidates, pools: dict[int, np.ndarray]):
+        hbm = candidates.total_storage[:, HBM].astype(float)
+        self.top_work, self.top_hbm, self.slopes, self.saved = {}, {}, {}, {}
+        for t, ids in pools.items():
+            hull = ids[on_lower_hull(hbm[ids], candidates.work[ids])]
+            points = []  # leanest first, each doing strictly less work than the one before
+            for o in hull[np.lexsort((candidates.work[hull], hbm[hull]))]:
+                if not points or candidates.work[o] < candidates.work[points[-1]]:
+                    points.append(int(o))
+            work, memory = candidates.work[points[::-1]], hbm[points[::-1]]
+            self.top_work[t], self.top_hbm[t] = float(work[0]), float(memory[0])
+            self.saved[t] = -np.diff(memory)
+            self.slopes[t] = np.diff(work) / self.saved[t]
+
+    def work(self, tables, room: float) -> float:
+        total = sum(self.top_work[t] for t in tables)
+        need = sum(self.top_hbm[t] for t in tables) - room
+        if need <= 0:
+            return total
+        slopes = np.concatenate([self.slopes[t] for t in tables])
+        saved = np.concatenate([self.saved[t] for t in tables])
+        # A table's own slopes rise along its hull, so a stable sort takes its steps in their order.
+        order = np.argsort(slopes, kind="stable")
+        taken = int(np.searchsorted(np.cumsum(saved[order]), need * (1 - RELATIVE_STEP))) + 1
+        if taken > order.size:
+            return np.inf
+        return total + float((slopes[order[:taken]] * saved[order[:taken]]).sum())
+
+
+def level(assembly: Assembly, where: dict[int, int], pools: dict[int, np.ndarray], deadline: float) -> dict[int, int]:
+    """`where` changed while that lowers the device whose tables do the most work by `HullFit`: the move of
+    one of its tables to another device, or failing that the swap with one, after which the busier of the two
+    is lightest. The spread levels work and HBM each, but a device left a few per cent short of HBM by it
+    pays several times that in work once it chooses its options (tiers-80x8 under TorchRec's estimator: the
+    start of `test-094` at HBM 0.75 fell from 1.62 to 1.16 of the LP bound). Only where HBM alone binds."""
+    if assembly.c.binding_tiers != (HBM,):
+        return where
+    fit = HullFit(assembly.c, pools)
+    base, room = assembly.costs().astype(float), assembly.free[:, HBM].astype(float)
+    on = [set() for _ in range(assembly.k)]
+    for t, d in where.items():
+        on[d].add(t)
+
+    def load(d: int, tables: set) -> float:
+        return base[d] + fit.work(tables, room[d])
+
+    loads = np.array([load(d, on[d]) for d in range(assembly.k)])
+    where = dict(where)
+    while not past(deadline):
+        source = int(np.argmax(loads))
+        ceiling = loads[source] * (1 - RELATIVE_STEP)
+        others = [d for d in range(assembly.k) if d != source]
+        best = None  # (the busier of the two after, table leaving, device, table coming back or None)
+        for t in sorted(on[source]):
+            left = load(source, on[source] - {t})
+            for d in others:
+                after = max(left, load(d, on[d] | {t}))
+                if after < ceiling and (best is None or after < best[0]):
+                    best = (after, t, d, None)
+        for t in sorted(on[source]) if best is None else ():
+            for d in others:
+                for u in sorted(on[d]):
+                    left = load(source, on[source] - {t} | {u})
+                    after = max(left, load(d, on[d] - {u} | {t})) if left < ceiling else np.inf
+                    if after < ceiling and (best is None or after < best[0]):
+                        best = (after, t, d, u)
+        if best is None:
+            break
+        _, t, d, u = best
+        on[source].remove(t), on[d].add(t)
+        where[t] = d
+        if u is not None:
+            on[d].remove(u), on[source].add(u)
+            where[u] = source
+        loads[source], loads[d] = load(source, on[source]), load(d, on[d])
+    return where
 
 
 def per_device(assembly: Assembly, where: dict[int, int], devices, pools: dict[int, np.ndarray],
@@ -515,7 +603,7 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
     return {"kicks": tried, "kicks_kept": kept}
 
 
-@register("pair-balance", "single-piece tables spread evenly in work and memory, then the busiest device and one "
+@register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest device and one "
           "or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; additive oracles",
@@ -527,7 +615,8 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     for name, choose in STARTS if centre is not None else ():
         if best is not None and past(deadline):
             break
-        assembly = balanced_start(candidates, centre, choose, deadline)
+        assembly = balanced_start(candidates, centre, choose, deadline,
+                                  time.monotonic() + LEVEL_SHARE * budget.time_limit)
         if assembly is None:
             continue
         stats.setdefault("start_objective", assembly.objective())

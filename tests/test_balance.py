@@ -2,7 +2,8 @@
 least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
 saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the
 solver's plans are valid, no better than the optimum, no worse than its first start, and the same for the
-same seed."""
+same seed; a start's hull fit is the work of options that fit (brute force), and levelling keeps every table
+once and never raises the busiest device's fit."""
 import itertools
 
 import numpy as np
@@ -21,8 +22,8 @@ from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
-from solvers.balance import (REPLICA_SAVING, balanced_start, centre_over, kick, knapsack_choice, movable, regroup,
-                             split_centre, without_replicas)
+from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, knapsack_choice, level,
+                             movable, regroup, split_centre, spread, with_splits, without_replicas)
 
 
 def _pair_layouts(instance):
@@ -356,3 +357,54 @@ def test_kicks_never_end_higher_keep_a_layout_that_fits_and_follow_the_seed(inst
             assert _same_state(_state(assembly), state)
         ends.append(assembly.snapshot())
     assert all((a == b).all() for a, b in zip(*ends))
+
+
+@examples(30)
+@given(tiny_tiered_instances(max_tables=3), st.floats(0.0, 1.2))
+@example(THREE_TINY_TABLES, 0.5)
+def test_a_hull_fit_is_the_work_of_pool_options_that_fit_and_no_less_than_the_least_that_fit(instance, share):
+    """Over every choice of one pool option per table (brute force): the fit is infinite exactly where none
+    fits the room, else no less than the least work of those that fit and the work of one of them."""
+    assembly, pools, tables, _ = _pair_layouts(instance)
+    candidates = assembly.c
+    hbm = candidates.total_storage[:, 0].astype(float)
+    room = share * sum(float(hbm[pools[t]].max()) for t in tables)
+    fitting = sorted(sum(float(candidates.work[o]) for o in combo)
+                     for combo in itertools.product(*[pools[t] for t in tables])
+                     if sum(hbm[o] for o in combo) <= room)
+    got = HullFit(candidates, pools).work(tables, room)
+    if not fitting:
+        assert got == np.inf
+        return
+    assert got >= fitting[0] * (1 - 1e-9)
+    assert any(w == pytest.approx(got, rel=1e-9, abs=1e-12) for w in fitting)
+
+
+@examples(25)
+@given(four_device_tiered_instances(most_hbm=1.0))
+def test_levelling_keeps_every_table_once_and_never_raises_the_busiest_devices_fit(instance):
+    """`level` moves tables between devices only: the same tables, each on one device, the assembly untouched;
+    the busiest device's `HullFit` load no higher than the spread's; the same layout every time; nothing
+    changed once its deadline has passed or where a tier besides HBM may bind."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    centre = split_centre(candidates, float("inf"), 1.0)
+    assume(centre is not None)
+    assembly = with_splits(candidates, centre.chosen, centre.pools)
+    assume(assembly is not None)
+    where = spread(assembly, knapsack_choice(centre, assembly))
+    free, costs = assembly.free.copy(), assembly.costs().copy()
+    levelled = level(assembly, where, centre.pools, float("inf"))
+    assert (assembly.free == free).all() and (assembly.costs() == costs).all()
+    assert sorted(levelled) == sorted(where) and set(levelled.values()) <= set(range(assembly.k))
+    assert level(assembly, where, centre.pools, float("inf")) == levelled
+    assert level(assembly, where, centre.pools, 0.0) == where
+    if candidates.binding_tiers != (0,):
+        assert levelled == where
+        return
+    fit = HullFit(candidates, centre.pools)
+
+    def busiest(layout):
+        return max(costs[d] + fit.work([t for t in layout if layout[t] == d], assembly.free[d, 0])
+                   for d in range(assembly.k))
+
+    assert busiest(levelled) <= busiest(where) * (1 + 1e-12)
