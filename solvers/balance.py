@@ -1,6 +1,7 @@
 """`pair-balance`: for tables that trade HBM for cost, the single-piece tables are spread over the devices
-evenly in work and in memory at once, levelled by a fast fit of each device's options to its HBM; then the busiest device and one other at a time (two others where no
-one helps and no pair can do the same work for less) are solved again exactly — which of their tables goes
+evenly in work and in memory at once, levelled by a fast fit of each device's options to its HBM; then the
+busiest device and one other at a time (two others where no one helps and no pair can do the same work for
+less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
 that can do the same work for less take that layout before it goes on. The centre is the knapsack over
 memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing.
@@ -603,8 +604,8 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
     return {"kicks": tried, "kicks_kept": kept}
 
 
-@register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest device and one "
-          "or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
+@register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
+          "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; additive oracles",
           needs_additive=True, splits=True, stochastic=True, backends=("highspy",))
