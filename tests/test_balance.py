@@ -2,8 +2,9 @@
 least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
 saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the
 solver's plans are valid, no better than the optimum, no worse than its first start, and the same for the
-same seed; a start's hull fit is the work of options that fit (brute force), and levelling keeps every table
-once and never raises the busiest device's fit."""
+same seed; a group whose state was proven without gain is not solved again; a start's hull fit is the work
+of options that fit (brute force), and levelling keeps every table once and never raises the busiest
+device's fit."""
 import itertools
 
 import numpy as np
@@ -90,6 +91,38 @@ def test_a_group_handed_its_layout_ends_no_worse_than_it_and_at_the_best_given_t
     assert found is not None and found.peak == pytest.approx(min(p for p, _, _ in layouts), rel=1e-4, abs=1e-12)
 
 
+@examples(25)
+@given(tiny_tiered_instances(max_tables=3), st.data(), st.floats(0.0, 1.0))
+@example(THREE_TINY_TABLES, None, 0.5)
+def test_a_group_told_what_is_enough_ends_at_or_below_it_where_a_layout_can(instance, data, share):
+    """Handed a start and `enough` between the best layout's busiest device and the start's, the group ends
+    at a layout that fits with its busiest device at most `enough` (one exists: the best), and never below
+    the best (brute force); it claims a proof only where it ends at the best."""
+    assembly, pools, tables, layouts = _pair_layouts(instance)
+    assume(layouts)
+    peak, _, layout = layouts[-1] if data is None else data.draw(st.sampled_from(layouts))
+    best = min(p for p, _, _ in layouts)
+    enough = best + share * (peak - best)
+    found = regroup(assembly, [0, 1], tables, pools, 10.0, start=dict(zip(tables, layout)), enough=enough)
+    assert found is not None and best * (1 - 1e-9) <= found.peak <= enough * (1 + 1e-9) + 1e-12
+    assert not found.proven or found.peak == pytest.approx(best, rel=1e-4, abs=1e-12)
+    _laid_out(assembly, found, list(assembly.c.binding_tiers))
+
+
+@examples(1)
+@given(st.just(THREE_TINY_TABLES))
+def test_a_group_told_its_start_is_enough_stops_there_unproven(instance):
+    """Where the start already is enough, HiGHS stops at it rather than go on to the better layout it would
+    otherwise find and prove."""
+    assembly, pools, tables, layouts = _pair_layouts(instance)
+    peak, _, layout = max(layouts)
+    assert peak > min(layouts)[0]
+    found = regroup(assembly, [0, 1], tables, pools, 10.0, start=dict(zip(tables, layout)), enough=peak)
+    assert found.peak == pytest.approx(peak, rel=1e-9) and not found.proven
+    found = regroup(assembly, [0, 1], tables, pools, 10.0, start=dict(zip(tables, layout)))
+    assert found.peak == pytest.approx(min(layouts)[0], rel=1e-4) and found.proven
+
+
 @examples(15)
 @given(tiny_tiered_instances(max_tables=3), st.data(), st.booleans())
 @example(THREE_TINY_TABLES, None, False)
@@ -105,10 +138,10 @@ def test_the_start_handed_to_highs_is_the_layout_and_fits_every_row(instance, da
     handed = {}
     real = balance._highs
 
-    def spy(objective, matrix, lower, upper, column_upper, integers, time_limit, start):
+    def spy(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough):
         handed.update(matrix=matrix.tocsr(), lower=np.asarray(lower, float), upper=np.asarray(upper, float),
                       column_upper=column_upper, integers=integers, start=start)
-        return real(objective, matrix, lower, upper, column_upper, integers, time_limit, start)
+        return real(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough)
 
     balance._highs = spy
     try:
@@ -183,7 +216,7 @@ def test_a_round_of_triples_after_the_pairs_failed_skips_the_pairs_until_one_hel
             return np.array([3.0, 1.0, 2.0, 0.5])
 
     solved, keep = [], iter([True])
-    monkeypatch.setattr(balance, "try_group", lambda assembly, pools, group, deadline: (
+    monkeypatch.setattr(balance, "try_group", lambda assembly, pools, group, deadline, **_: (
         solved.append(len(group)) or next(keep, False)))
     far = float("inf")
     assert balance.rebalance(Layout(), {}, far, triples=True, pairs_tried=True) == (1 + 6, 1)
@@ -357,6 +390,30 @@ def test_kicks_never_end_higher_keep_a_layout_that_fits_and_follow_the_seed(inst
             assert _same_state(_state(assembly), state)
         ends.append(assembly.snapshot())
     assert all((a == b).all() for a, b in zip(*ends))
+
+
+@examples(10)
+@given(four_device_tiered_instances())
+def test_a_settled_layout_is_settled_again_from_its_memo_without_a_solve_and_a_fresh_settle_agrees(instance):
+    """Settled with a memo of the group states proven without gain, settling again with it solves no MILP;
+    settling again without it, every group solved afresh, keeps the same layout: the memo only spares
+    solves whose answer is known."""
+    from unittest import mock
+
+    import solvers.balance as balance
+
+    started = _four_device_start(instance)
+    assume(started is not None)
+    _, centre, assembly = started
+    proven = set()
+    balance.settle(assembly, centre.pools, float("inf"), proven)
+    settled = _state(assembly)
+    with mock.patch.object(balance, "regroup", wraps=balance.regroup) as solves:
+        balance.settle(assembly, centre.pools, float("inf"), proven)
+        assert solves.call_count == 0
+        balance.settle(assembly, centre.pools, float("inf"))
+        assert solves.call_count > 0 or not any(centre.pools)
+    assert _same_state(_state(assembly), settled)
 
 
 @examples(30)
