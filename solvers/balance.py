@@ -26,7 +26,7 @@ from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsack, summed_relaxation
 from .search import split_greedy, stuck_result
 
-# Of the budget, the most the summed-memory knapsack may take. HiGHS needs 0.2-1.6 s for it on tiers-80x8 under
+# Of the budget, the most the summed-memory knapsack may take. HiGHS needs 0.2-2.6 s for it on tiers-80x8 under
 # TorchRec's estimator (idle, this machine); cut off, it hands back another centre of the same work, or, cut
 # sooner, one doing up to 80 % more. At a tenth of 10 s the start hence changed with the machine's load
 # (test-091 at HBM 0.25 in `plan`: four centres in six runs, plans 0.5-6.0 % above the bound).
