@@ -250,18 +250,14 @@ def _on(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int]) ->
     return [t for t in pools if int(assembly.device[c.members(int(assembly.chosen[t]))[0]]) in devices]
 
 
-def group_state(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int], cap: bool) -> tuple:
+def group_state(assembly: Assembly, tables: list[int], devices: list[int], cap: bool) -> tuple:
     """What a group's MILP depends on besides its time: the devices, whether it is capped (the cap is their
-    busiest), and per device the movable tables it holds in their options (the rest of a device — split
-    pieces and replicas — stays as it is for a whole search)."""
+    busiest), and the movable `tables` they hold, each with its option and device (the rest of a device —
+    split pieces and replicas — stays as it is for a whole search)."""
     c = assembly.c
-    held = {d: [] for d in devices}
-    for t in pools:
-        option = int(assembly.chosen[t])
-        d = int(assembly.device[c.members(option)[0]])
-        if d in held:
-            held[d].append((t, option))
-    return tuple(devices), cap, tuple(tuple(held[d]) for d in devices)
+    placed = tuple((t, int(assembly.chosen[t]), int(assembly.device[c.members(int(assembly.chosen[t]))[0]]))
+                   for t in tables)
+    return tuple(devices), cap, placed
 
 
 def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int], deadline: float,
@@ -272,13 +268,14 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
     `group_state`s whose MILP was solved to optimality without a gain: HiGHS is deterministic, so one met
     again is not solved again (tiers-80x8 under TorchRec's estimator at 30 s: up to 79 of 274 groups, 14 %
     of the search, were such repeats, as `compress` goes over every pair again and kicks are undone)."""
-    state = group_state(assembly, pools, devices, cap is not None) if proven is not None else None
-    if state is not None and state in proven:
-        return False
     tables = _on(assembly, pools, devices)
     if not tables:
         return False
-    costs = assembly.costs()[devices]
+    state = group_state(assembly, tables, devices, cap is not None) if proven is not None else None
+    if state is not None and state in proven:
+        return False
+    everywhere = assembly.costs()
+    costs = everywhere[devices]
     peak, total = float(costs.max()), float(costs.sum())
 
     def better(after: np.ndarray) -> bool:
@@ -296,7 +293,7 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
         # pair's MILP time went to proving its last layout optimal). Stopped as soon as it drops below that
         # device, it left the devices bunched just under the makespan: at 30 s and HBM 0.75 within 1 % of the
         # bound on 4 of 10 tasks, against 7 halfway.
-        top = float(np.delete(assembly.costs(), devices).max(initial=-np.inf))
+        top = float(np.delete(everywhere, devices).max(initial=-np.inf))
         mean = total / len(devices)
         enough = min((top + mean) / 2 if top > mean else top, peak * (1 - RELATIVE_STEP))
     found = regroup(assembly, devices, tables, pools, min(limit, deadline - time.monotonic()), cap, start, enough)
