@@ -16,6 +16,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+HELD = {signal.SIGINT, signal.SIGTERM}  # the signals a parent holds while it forks a child
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ def _child(connection, job: Job, parent: int) -> None:
     # child quietly, as the default does (the parent may have made it an exception).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # the parent held it during the fork
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # the parent held them during the fork
     _die_with_parent(parent)
     if "torch" in sys.modules:
         # Jobs are the parallel unit: a torch thread pool per job on top would oversubscribe the cores,
@@ -100,15 +101,16 @@ def run_isolated(jobs: Iterable[Job], workers: int, on_outcome: Callable[[Outcom
                 job = pending.popleft()
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(target=_child, args=(sender, job, os.getpid()), daemon=True)
-                # Ctrl-C during fork would land in an at-fork handler, which swallows it: hold SIGINT
-                # until the child exists, so that it reaches the parent at a point that can raise.
-                signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+                # Ctrl-C or SIGTERM during fork would land in an at-fork handler, which swallows it: hold
+                # both until the child is on the books, so that they reach the parent at a point that can
+                # raise and the cleanup below finds the child to kill.
+                signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
                 try:
                     process.start()
+                    sender.close()
+                    running[receiver] = (process, job, time.monotonic())
                 finally:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-                sender.close()
-                running[receiver] = (process, job, time.monotonic())
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
             now = time.monotonic()
             nearest = min(started + job.deadline for _, job, started in running.values())
             ready = wait(list(running), timeout=max(0.0, nearest - now))

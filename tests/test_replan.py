@@ -402,7 +402,11 @@ def test_the_drift_benchmark_shifts_a_task_and_records_each_replan_within_its_bu
     factors = [n.pooling_factor / o.pooling_factor for o, n in zip(instance.tables, new.tables)]
     assert any(f != 1 for f in factors) and all(SCALE[0] <= f <= SCALE[1] for f in factors)
     record = measure("tiny", instance, "lookup", 0.5, 0)
-    assert record["status"] == "plan" and record["kept_objective"] >= record["fresh_objective"]
+    # Which plan is better at half a second depends on the machine's load; that the fresh plan's bound
+    # holds for every plan of the shifted task, the old one kept and each replan included, does not.
+    assert record["status"] == "plan" and all(r["status"] == "plan" for r in record["replans"])
+    objectives = [record["kept_objective"], record["fresh_objective"]] + [r["objective"] for r in record["replans"]]
+    assert 0 < record["fresh_bound"] <= min(objectives) + 1e-9 * max(objectives)
     assert all(r["budget_bytes"] is None or r["moved_bytes"] <= r["budget_bytes"] for r in record["replans"])
     assert [r["share"] for r in record["replans"]].count(None) == 2  # unlimited, types kept and not
     store = tmp_path / "drift.jsonl"
