@@ -2,9 +2,9 @@
 least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
 saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the
 solver's plans are valid, no better than the optimum, no worse than its first start, and the same for the
-same seed; a group whose state was proven without gain is not solved again; a start's hull fit is the work
-of options that fit (brute force), and levelling keeps every table once and never raises the busiest
-device's fit."""
+same seed, and its bound (the LP over options) no higher than the optimum; a group whose state was proven
+without gain is not solved again; a start's hull fit is the work of options that fit (brute force), and
+levelling keeps every table once and never raises the busiest device's fit."""
 import itertools
 
 import numpy as np
@@ -23,6 +23,7 @@ from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
+from solvers.bounds import lp_bound
 from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, knapsack_choice, level,
                              movable, regroup, split_centre, spread, with_splits, without_replicas)
 
@@ -189,6 +190,8 @@ def test_pair_balance_plans_are_valid_never_below_the_optimum_and_the_same_for_t
         assert first.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
     assert (first.plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
     assert optimum <= first.objective * (1 + 1e-9)
+    assert first.lower_bound is not None and first.lower_bound <= optimum * (1 + 1e-9)  # the LP's, or an option bound
+    assert first.lower_bound >= lp_bound(Candidates.build(instance, oracle)) * (1 - 1e-9)
     assert first.objective <= first.stats["start_objective"] * (1 + 1e-12)
     assert first.stats["start"] in ("knapsack", "one price", "split-greedy")
     assert first.plan == second.plan and first.objective == second.objective
