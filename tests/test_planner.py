@@ -80,7 +80,9 @@ def test_our_plan_rates_no_worse_than_torchrecs_planner_by_torchrecs_estimator()
 
     model, sharders, topology, batch = _dlrm_six_tables(), _sharders(), _gpu_topology(), 1024
     constraints = {f"t{i}": ParameterConstraints(pooling_factors=[p]) for i, p in enumerate([10, 1, 30, 2, 5, 1])}
-    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=3.0)
+    # 10 s, not 3: the budget's clock includes pricing by TorchRec's estimator, and at 3 s an earlier
+    # portfolio planned this model 4 % worse than TorchRec's planner; a busy machine takes that margin.
+    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=10.0)
     ours = torchrec_rating(model, sharders, planner.plan(model, sharders), topology, batch, constraints)
     assert max(ours) == pytest.approx(planner.result.objective, rel=1e-9)  # the plan TorchRec runs is the one we rated
     theirs_plan = EmbeddingShardingPlanner(topology=topology, batch_size=batch, constraints=constraints,
@@ -240,7 +242,9 @@ def test_a_model_larger_than_hbm_plans_with_host_kernels_given_ddr_cap_and_rates
     constraints["t4"] = ParameterConstraints(pooling_factors=[5], compute_kernels=["fused_uvm_caching", "key_value"],
                                              cache_params=CacheParams(load_factor=0.3))
     topology = _gpu_topology(hbm_cap=hbm_cap, ddr_cap=4 * 2**30)
-    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=3.0)
+    # 10 s, not 3: the budget's clock includes pricing by TorchRec's estimator, and at 3 s an earlier
+    # portfolio planned this model 4 % worse than TorchRec's planner; a busy machine takes that margin.
+    planner = shardbench.ShardbenchPlanner(topology, batch_size=batch, constraints=constraints, budget=10.0)
     module_plan = planner.plan(model, sharders).plan[EBC_PATH]
     kernels = {name: sharding.compute_kernel for name, sharding in module_plan.items()}
     assert {kernels[n] for n in kernels if n != "t4"} & {"fused_uvm", "fused_uvm_caching"}, kernels

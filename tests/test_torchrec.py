@@ -438,7 +438,8 @@ def test_the_plan_speed_report_sets_plan_beside_torchrecs_planner(tmp_path):
 
     folder = save_instance_set([_instance()], tmp_path / "set", {"what": "one tiny task"})
     store, page = tmp_path / "speed.jsonl", tmp_path / "speed.md"
-    assert plan_speed.main([str(folder), "--budget", "0.5", "--store", str(store), "-o", str(page)]) == 0
+    # At 5 s, not 0.5, our plan reaching TorchRec's does not depend on the machine's load (pricing counts).
+    assert plan_speed.main([str(folder), "--budget", "5", "--store", str(store), "-o", str(page)]) == 0
     [record] = [json.loads(line) for line in store.read_text().splitlines()]
     assert record["status"] == "plan" and record["objective"] <= record["torchrec_objective"] * (1 + 1e-9)
     assert record["gap"] >= 0 and record["torchrec_seconds"] > 0 and "Ours no worse than TorchRec's on 1/1" in page.read_text()
