@@ -25,6 +25,7 @@ from .base import OPTIMALITY_TOLERANCE, Budget, SolveResult, Status, past, regis
 from .bounds import lp_bound
 from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsack, summed_relaxation
+from .quiet import c_stdout_silenced
 from .search import split_greedy, stuck_result
 
 # Of the budget, the most the summed-memory knapsack may take. HiGHS needs 0.2-2.6 s for it on tiers-80x8 under
@@ -169,7 +170,8 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
             if event.data_out.mip_primal_bound <= enough:
                 event.data_in.user_interrupt = True
         solver.cbMipInterrupt.subscribe(stop)
-    solver.run()
+    with c_stdout_silenced():
+        solver.run()
     if solver.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return None, False
     return np.asarray(solver.getSolution().col_value), solver.getModelStatus() == highspy.HighsModelStatus.kOptimal

@@ -8,6 +8,8 @@ import time
 
 import numpy as np
 
+from .quiet import c_stdout_silenced
+
 RELATIVE_STEP = 1e-12  # an improvement must beat the current cost by more than float noise
 
 
@@ -130,8 +132,9 @@ def summed_knapsack(candidates, time_limit: float, level: float = np.inf) -> np.
     if any(ids.size == 0 for ids in candidates.by_table):
         return None
     live, rows, constraints, work = _summed_model(candidates, level)
-    result = milp(work, constraints=constraints, integrality=np.ones(live.size), bounds=Bounds(0, 1),
-                  options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": KNAPSACK_GAP})
+    with c_stdout_silenced():  # scipy's HiGHS has the same stray print as highspy's
+        result = milp(work, constraints=constraints, integrality=np.ones(live.size), bounds=Bounds(0, 1),
+                      options={"time_limit": max(time_limit, 0.01), "mip_rel_gap": KNAPSACK_GAP})
     if result.x is None:
         return None
     picked = result.x > 0.5

@@ -15,6 +15,7 @@ from instances.moves import plan_moved_bytes
 from .base import TIME_LIMIT_SLACK, Budget, Cause, NoPlan, SolveResult, infeasible, register
 from .candidates import Problem
 from .exact_model import LinearModel, build_model, decode, finish, prelude
+from .quiet import c_stdout_silenced
 
 # MILP bounds hold only up to the solvers' feasibility and integrality tolerances (1e-6 per row and per
 # variable): a CBC "optimum" on a split model lay 3.5e-6 above a plan CP-SAT found. Give back 5e-6
@@ -39,7 +40,8 @@ def _highs_with_start(time_left, use_start: bool, gap: float):
                 solution.value_valid = True
                 lp.solverModel.setSolution(solution)
             lp.solverModel.setOptionValue("time_limit", float(time_left()))
-            lp.solverModel.run()
+            with c_stdout_silenced():
+                lp.solverModel.run()
             self.dual_bound = lp.solverModel.getInfo().mip_dual_bound
 
     return HiGHSWithStart(msg=False, timeLimit=time_left(), gapRel=gap, threads=1)

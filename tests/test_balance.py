@@ -468,3 +468,29 @@ def test_levelling_keeps_every_table_once_and_never_raises_the_busiest_devices_f
                    for d in range(assembly.k))
 
     assert busiest(levelled) <= busiest(where) * (1 + 1e-12)
+
+
+def test_highs_prints_nothing_on_the_commands_stdout_and_what_python_printed_before_goes_out(capfd, monkeypatch):
+    """HiGHS 1.12 prints a debug line on the process's stdout when it repairs a solution (a pair MILP in
+    `plan` printed 79): whatever a group's solve writes to file descriptor 1 or C's stdio is dropped."""
+    import ctypes
+    import os
+
+    import highspy
+    from scipy.sparse import csr_matrix
+
+    from solvers.balance import _highs
+
+    real = highspy.Highs.run
+
+    def noisy(self):
+        os.write(1, b"raw line\n")
+        ctypes.CDLL(None).printf(b"buffered line\n")
+        return real(self)
+
+    monkeypatch.setattr(highspy.Highs, "run", noisy)
+    print("before", end="")
+    x, proven = _highs(np.array([1.0]), csr_matrix(np.array([[1.0]])), [1.0], [1.0], np.array([2.0]), 1, 5.0, None)
+    print("after")
+    assert x is not None and proven and x[0] == pytest.approx(1.0)
+    assert capfd.readouterr().out == "beforeafter\n"
