@@ -3,11 +3,13 @@ costs its own result and nothing else: `plan` runs its portfolio members this wa
 runner its cells."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -16,7 +18,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
-HELD = {signal.SIGINT, signal.SIGTERM}  # the signals a parent holds while it forks a child
+HELD = (signal.SIGINT, signal.SIGTERM)  # the signals a parent holds back while it forks a child
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,6 @@ def _child(connection, job: Job, parent: int) -> None:
     # child quietly, as the default does (the parent may have made it an exception).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)  # the parent held them during the fork
     _die_with_parent(parent)
     if "torch" in sys.modules:
         # Jobs are the parallel unit: a torch thread pool per job on top would oversubscribe the cores,
@@ -77,6 +78,29 @@ def _child(connection, job: Job, parent: int) -> None:
         connection.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=6)}"))
     finally:
         connection.close()
+
+
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM that arrive inside are noted, not raised, and raised again on the way out under the
+    handlers that were there. Raised inside a fork, they would land in an at-fork callback, which swallows
+    them: `plan` then waited out a member's deadline (a SIGTERM on 4 of 12 runs beside two busy loops).
+    Blocking them in this thread was not enough, as a signal may go to another of the process's threads
+    (BLAS's) and Python still runs the handler here. Off the main thread, where Python runs no handler, and
+    for a signal whose handler Python did not install, nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+    ours = [s for s in HELD if signal.getsignal(s) is not None]
+    previous = {s: signal.signal(s, lambda signum, frame: arrived.append(signum)) for s in ours}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def kill_group(process) -> None:
@@ -101,16 +125,11 @@ def run_isolated(jobs: Iterable[Job], workers: int, on_outcome: Callable[[Outcom
                 job = pending.popleft()
                 receiver, sender = context.Pipe(duplex=False)
                 process = context.Process(target=_child, args=(sender, job, os.getpid()), daemon=True)
-                # Ctrl-C or SIGTERM during fork would land in an at-fork handler, which swallows it: hold
-                # both until the child is on the books, so that they reach the parent at a point that can
-                # raise and the cleanup below finds the child to kill.
-                signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
-                try:
+                # Until the child is on the books, so that the cleanup below finds it to kill.
+                with _signals_held():
                     process.start()
                     sender.close()
                     running[receiver] = (process, job, time.monotonic())
-                finally:
-                    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
             now = time.monotonic()
             nearest = min(started + job.deadline for _, job, started in running.values())
             ready = wait(list(running), timeout=max(0.0, nearest - now))

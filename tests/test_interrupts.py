@@ -1,5 +1,6 @@
 """`plan` signalled for real (SIGINT, SIGTERM) while it loads, races, converts and writes: one line, exit 130
-or 143, no traceback, no member left, no output nor temporary; SIGKILL's marked leftovers go at the next write."""
+or 143, no traceback, no member left, no output nor temporary; SIGKILL's marked leftovers go at the next write;
+a signal while a member is forked is held back and raised once the member is on the books."""
 import re
 import signal
 import subprocess
@@ -132,3 +133,30 @@ def test_a_live_writers_temporaries_are_not_swept(tmp_path):
     sweep_temporaries(tmp_path / "plan.json")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
     assert all(re.fullmatch(r"\.[\w.]+\.shardbench-\d+-\d+\.tmp", p.name) for p in tmp_path.iterdir())
+
+
+def test_a_signal_while_a_member_is_forked_is_held_back_and_raised_once_its_on_the_books():
+    """A handler's exception raised inside a fork lands in an at-fork callback, which swallows it: inside
+    `_signals_held` a signal is only noted, and raised under the handler that was there on the way out."""
+    import os
+    import time
+
+    from shardbench.isolation import _signals_held
+
+    class Raised(Exception):
+        pass
+
+    def handler(signum, frame):
+        raise Raised
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    reached = False
+    try:
+        with pytest.raises(Raised):
+            with _signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)  # the handler would have run by now
+                reached = True
+        assert reached and signal.getsignal(signal.SIGTERM) is handler
+    finally:
+        signal.signal(signal.SIGTERM, previous)
