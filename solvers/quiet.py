@@ -9,23 +9,34 @@ import os
 import sys
 
 
+def _flush_all() -> None:
+    """Python's buffered stdout, then C's stdio buffers, out to where descriptor 1 points now."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        sys.stdout.flush()
+    ctypes.CDLL(None).fflush(None)
+
+
 @contextlib.contextmanager
 def c_stdout_silenced():
-    """File descriptor 1 points at the null device inside, and what C's stdio buffered there meanwhile is
-    flushed before it points back; Python's own buffered output goes out first. Where descriptor 1 cannot
-    be duplicated (closed), nothing changes."""
-    sys.stdout.flush()
+    """Descriptor 1 points at the null device inside: what was printed before goes out first, what C's stdio
+    buffered inside is flushed there before it points back. Where descriptor 1 cannot be duplicated (it is
+    closed), nothing changes."""
+    _flush_all()
     try:
         saved = os.dup(1)
     except OSError:
         yield
         return
-    null = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(null, 1)
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 1)
+        finally:
+            os.close(null)
         yield
     finally:
-        ctypes.CDLL(None).fflush(None)
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(null)
+        try:
+            _flush_all()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
