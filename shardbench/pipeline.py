@@ -15,6 +15,7 @@ from instances.memory import format_bytes
 from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, load_backends, memory_infeasibility
+from solvers.bounds import lp_bound
 
 from .portfolio import (
     REPLAN_PORTFOLIO,
@@ -214,12 +215,16 @@ def runnable(admitted: Admitted, portfolio: tuple[str, ...], net: str = SAFETY_N
 
 
 def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool,
-          previous: Previous | None = None) -> Priced:
+          previous: Previous | None = None, lp: bool = False) -> Priced:
     """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too;
-    in a replan, what each piece moves from the previous plan — so that every member shares them. The
-    budget's clock starts now (building the oracle, which may load a library, is start-up, not planning)."""
+    in a replan, what each piece moves from the previous plan — so that every member shares them; with `lp`
+    (some member bounds its plan by it), the LP over those options as well, which each such member would
+    otherwise solve again in its own process (3.4 s at 800 × 128 with memory tiers). The budget's clock
+    starts now (building the oracle, which may load a library, is start-up, not planning)."""
     clock = budget.begun()
     problem = Problem.priced(instance, oracle, whole_tables, previous)
+    if lp and oracle.additive and problem.chooses_options:
+        lp_bound(problem.candidates)
     return Priced(problem, clock, clock.elapsed())
 
 
@@ -352,7 +357,8 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     oracle = get_oracle(request.oracle)
     load_backends(members)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
-                   any(not get_solver(name).splits for name in members), request.previous)
+                   any(not get_solver(name).splits for name in members), request.previous,
+                   any(get_solver(name).lp_bounded for name in members))
     result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped), notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):
         say(line)

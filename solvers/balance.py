@@ -654,7 +654,7 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; bounded by the LP over options; additive oracles",
-          needs_additive=True, splits=True, stochastic=True, backends=("highspy",))
+          needs_additive=True, splits=True, lp_bounded=True, stochastic=True, backends=("highspy",))
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     # The LP over options takes 0.03-0.3 s at 80 x 8 and lies up to 2.9 % above the option bounds (tiers-80x8

@@ -182,6 +182,7 @@ planner that plans under its own cost and storage model; it may find no plan whe
     budgeted: bool = True
     peer: bool = False
     replans: bool = False  # starts from a previous plan and keeps within a move budget (shardbench replan)
+    lp_bounded: bool = False  # bounds its plan by the LP over options (solvers.bounds.lp_bound) where they are chosen
     backends: tuple[str, ...] = ()  # modules it imports when it runs (`load_backends`)
 
 

@@ -203,6 +203,14 @@ def best_option_bound(candidates: Candidates) -> float:
 
 
 def lp_bound(candidates: Candidates) -> float | None:
+    """The LP relaxation of choosing one option per table (`_lp_bound`), solved once per candidates: the
+    price stage solves it before the members fork (`Problem.priced`), so that they share it."""
+    if "lp_bound" not in candidates.memo:
+        candidates.memo["lp_bound"] = _lp_bound(candidates)
+    return candidates.memo["lp_bound"]
+
+
+def _lp_bound(candidates: Candidates) -> float | None:
     """The LP relaxation of choosing one option per table (HiGHS via scipy), or None when it is
     infeasible (then no plan fits either). Rows: one option per table; K·z ≥ total work; z ≥ each table's
     largest piece; total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model

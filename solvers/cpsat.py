@@ -61,7 +61,7 @@ class CpRun:
 
 @register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
           "symmetry breaking and a complete hint; where tables trade HBM for cost, first over a neighbourhood of "
-          "the summed-memory knapsack's options", exact=True, needs_additive=True, splits=True,
+          "the summed-memory knapsack's options", exact=True, needs_additive=True, splits=True, lp_bounded=True,
           replans=True, backends=("ortools.sat.python.cp_model",))
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model

@@ -194,13 +194,13 @@ def milp(problem: Problem, budget: Budget, seed: int, backend: str) -> SolveResu
 
 
 @register("milp-cbc", "MILP via PuLP with CBC: option per table and devices together, MIP start from the heuristic",
-          exact=True, needs_additive=True, splits=True, replans=True, backends=("pulp",))
+          exact=True, needs_additive=True, splits=True, lp_bounded=True, replans=True, backends=("pulp",))
 def milp_cbc(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     return milp(problem, budget, seed, "cbc")
 
 
 @register("milp-highs", "MILP via PuLP with HiGHS (highspy): option per table and devices together, MIP start from "
-          "the heuristic", exact=True, needs_additive=True, splits=True,
+          "the heuristic", exact=True, needs_additive=True, splits=True, lp_bounded=True,
           replans=True, backends=("highspy", "pulp"))
 def milp_highs(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     return milp(problem, budget, seed, "highs")

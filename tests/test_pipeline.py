@@ -110,6 +110,30 @@ def test_price_seals_the_problem_members_get():
     assert both.problem.whole_tables.table_wise is not None and both.problem.whole_tables.sealed
 
 
+def test_price_solves_the_lp_once_for_the_members_bounded_by_it(monkeypatch):
+    import shardbench.pipeline as pipeline
+    import solvers.bounds as bounds
+
+    instance = _split()
+    alone = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False)
+    assert "lp_bound" not in alone.problem.candidates.memo
+    priced = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False, lp=True)
+    solved = priced.problem.candidates.memo["lp_bound"]
+    assert solved == bounds._lp_bound(priced.problem.candidates) and solved > 0
+
+    def again(_):
+        raise AssertionError("the LP was solved again")
+
+    monkeypatch.setattr(bounds, "_lp_bound", again)
+    assert bounds.lp_bound(priced.problem.candidates) == solved  # a member forked from here reads it
+    # The pipeline asks for it where a member is bounded by it, and only there.
+    asked = []
+    monkeypatch.setattr(pipeline, "price", lambda *args, **kw: asked.append(args[-1]) or price(*args[:-1], **kw))
+    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy",)))
+    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy", "pair-balance")))
+    assert asked == [False, True]
+
+
 def test_race_and_certify_keep_the_best_validated_plan_and_break_ties_by_entry_order():
     instance = make_instance([(10, 4, 1.0), (10, 4, 1.0), (20, 4, 1.0), (20, 4, 1.0)], 2, 10**6)
     priced = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=True)
