@@ -289,9 +289,13 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               "  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()),
               "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
               + _load_factors(result)]
+    if result.grid_objective is not None:
+        lines.append(f"  caches re-sized off the grid of load factors: max device cost {result.grid_objective:.6g}"
+                     f" -> {result.objective:.6g} ({result.objective / result.grid_objective - 1:+.2%})")
     gap = result.gap
     over = optimal_over(instance, request.previous)
-    lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}"
+    before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
+    lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}{before}"
                  if gap is not None else "  certificate: none (no member proved a bound)")
     if request.previous is not None:
         lines.append("  " + moved_line(request.previous, result.moved_bytes))
@@ -312,7 +316,8 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
     """The report a plan file keeps beside the plan."""
     return {
         "solver": result.solver, "portfolio": list(members), "oracle": request.oracle, "budget": request.budget,
-        "seed": request.seed, "gap_target": request.gap, "objective": result.objective, "lower_bound": result.bound,
+        "seed": request.seed, "gap_target": request.gap, "objective": result.objective,
+        "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from instances import Instance
 from instances.memory import format_bytes
 from instances.moves import Previous, check_replan
-from instances.sharding import Plan
+from instances.sharding import Plan, check_capacity
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
 from solvers.base import wall_limit
 from solvers.bounds import gap_to_bound
+from solvers.cache_sizes import resize_caches
 from solvers.candidates import Problem
 
 from .isolation import Job, Outcome, run_isolated
@@ -89,6 +90,9 @@ class PortfolioResult:
     refused: str | None = None  # the proof that no plan fits memory, when the pipeline therefore ran no member
     notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf (e.g. TorchRec's default DDR)
     moved_bytes: int | None = None  # in a replan, the bytes the plan moves from the previous plan
+    # The kept member's plan's cost where its caches were then re-sized off the grid of load factors (None:
+    # they were not); the bound covers that grid only, so the certificate is that plan's.
+    grid_objective: float | None = None
 
     @property
     def no_plan_reason(self) -> str | None:
@@ -109,10 +113,13 @@ class PortfolioResult:
 
     @property
     def gap(self) -> float | None:
-        """Relative excess of the plan over the bound (0: proven optimal over the enumerated options)."""
-        if self.objective is None or self.bound is None:
+        """Relative excess over the bound (0: proven optimal over the enumerated options) of the plan on
+        those options: the plan handed over, or where its caches were re-sized off the grid, the plan before
+        (which costs no less)."""
+        objective = self.grid_objective if self.grid_objective is not None else self.objective
+        if objective is None or self.bound is None:
             return None
-        return gap_to_bound(self.objective, self.bound)
+        return gap_to_bound(objective, self.bound)
 
 
 def optimal_over(instance: Instance, previous: Previous | None = None) -> str:
@@ -191,5 +198,27 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     plan = best.result.plan.validate(instance)
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
-    return PortfolioResult(plan, best.solver, objective, min(bound, objective) if bound is not None else None,
-                           race.wall_s, members, race.stopped, skipped, pricing, moved_bytes=moved)
+    bound = min(bound, objective) if bound is not None else None
+    resized = resized_caches(problem, plan, objective)
+    if resized is None:
+        return PortfolioResult(plan, best.solver, objective, bound, race.wall_s, members, race.stopped, skipped,
+                               pricing, moved_bytes=moved)
+    return PortfolioResult(resized[0], best.solver, resized[1], bound, race.wall_s, members, race.stopped, skipped,
+                           pricing, moved_bytes=moved, grid_objective=objective)
+
+
+def resized_caches(problem: Problem, plan: Plan, objective: float) -> tuple[Plan, float] | None:
+    """The plan with its caches re-sized off the grid of load factors (solvers.cache_sizes), validated on
+    every tier (the instance's count and the oracle's own) and priced, with its cost, where that is lower;
+    None elsewhere and in a replan (a new cache size would count as a move)."""
+    if problem.previous is not None:
+        return None
+    resized = resize_caches(problem.instance, problem.oracle, plan)
+    if resized is None:
+        return None
+    resized = resized.validate(problem.instance)
+    if problem.oracle.own_memory:
+        check_capacity(problem.oracle.storage_per_device(problem.instance, resized), problem.instance,
+                       f" under {problem.oracle.name}'s storage model")
+    cost = problem.oracle.plan_cost(problem.instance, resized)
+    return (resized, cost) if cost < objective else None
