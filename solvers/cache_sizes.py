@@ -66,13 +66,13 @@ def _least_cost(cost: np.ndarray, hbm: np.ndarray, room: float) -> np.ndarray:
 
 
 def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None:
-    """The plan with its caches re-sized (`resizable`; a table's pieces share one load factor), None where
-    that lowers no device's cost. First, per device, the caches of the tables it holds whole, sized for the
-    least cost it pays within the HBM the rest of its pieces leave (the Lagrangian choice over load factors
-    STEP apart, then STEP by STEP into the HBM left); then each cached table in turn at the load factor that
-    lowers the busiest device it sits on, and then the cost of all its devices, the most, while every device
-    fits every tier — the only move for a table cut over several devices. Additive oracles only (a device's
-    cost is its pieces' sum)."""
+    """The plan with its caches re-sized (`resizable`; a table's pieces share one load factor) over load factors
+    STEP apart, None where that lowers no cost. First the tables cut over several devices: each at its least
+    cost plus one price on the HBM it takes, at the least price where every device fits (bisected), then grown
+    into what HBM is left (`_shared_price`), kept where no device then costs more. Then, device by device, the
+    caches of the tables it holds whole, at the least cost that device pays within the HBM the rest of its
+    pieces leave (`_least_cost`, then `_grow`). Every tier is checked; additive oracles only (a device's cost
+    is its pieces' sum)."""
     if not oracle.additive:
         return None
     pieces, devices = Pieces.of_plan(instance, plan)
@@ -101,6 +101,25 @@ def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None
         np.add.at(used, devices[chosen], variant_storage[at, column] - storage[chosen])
         return load, used
 
+    split = np.flatnonzero(~whole)
+    if split.size:
+        _, used = state()
+        ids, row_of = np.unique(tables[split], return_inverse=True)
+        table_cost = np.zeros((ids.size, factors.size))
+        table_hbm = np.zeros((ids.size, k, factors.size))
+        np.add.at(table_cost, row_of, variant_cost[split])
+        np.add.at(table_hbm, (row_of, devices[chosen[split]]), variant_storage[split, :, HBM])
+        room = capacity[HBM] - used[:, HBM] + np.bincount(devices[chosen[split]], minlength=k,
+                                                          weights=variant_storage[split, column[split], HBM])
+        picked = _shared_price(table_cost, table_hbm, room)
+        if picked is not None:
+            trial = column.copy()
+            trial[split] = picked[row_of]
+            load, _ = state()
+            column_before, column[:] = column.copy(), trial
+            after, used_after = state()
+            if not ((used_after <= capacity).all() and after.max() <= load.max() and after.sum() < load.sum()):
+                column[:] = column_before
     for d in np.unique(devices[chosen[whole]]):
         rows = np.flatnonzero(whole & (devices[chosen] == d))
         _, used = state()
@@ -113,30 +132,46 @@ def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None
         extra = (variant_storage[rows, picked] - variant_storage[rows, column[rows]]).sum(axis=0)
         if (used[d] + extra <= capacity).all() and variant_cost[rows, picked].sum() < variant_cost[rows, column[rows]].sum():
             column[rows] = picked
-    for t in np.unique(tables):
-        rows = np.flatnonzero(tables == t)
-        load, used = state()
-        on = devices[chosen[rows]]
-        # Per factor: each of the table's devices' cost and bytes with its pieces there at that factor.
-        delta_cost = np.zeros((factors.size, k))
-        delta_used = np.zeros((factors.size, k, 2), dtype=np.int64)
-        for r, d in zip(rows, on):
-            delta_cost[:, d] += variant_cost[r] - variant_cost[r, column[r]]
-            delta_used[:, d] += variant_storage[r] - variant_storage[r, column[r]]
-        fits = (used[None] + delta_used <= capacity).all(axis=(1, 2))
-        devices_of = np.unique(on)
-        after = load[None, devices_of] + delta_cost[:, devices_of]
-        score = np.where(fits, after.max(axis=1), np.inf)
-        best = np.flatnonzero(score <= score.min())
-        f = int(best[np.argmin(after[best].sum(axis=1))])
-        if f != column[rows[0]] and after[f].sum() < (load[devices_of]).sum() and score[f] <= load[devices_of].max():
-            column[rows] = f
     new = factors[column]
     if np.array_equal(new, pieces.load_factor[chosen]):
         return None
     factor_of = {int(t): float(f) for t, f in zip(tables, new)}
     return Plan(plan.instance_id, tuple(replace(s, cache_load_factor=factor_of[t]) if t in factor_of else s
                                         for t, s in enumerate(plan.tables)))
+
+
+def _shared_price(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.ndarray | None:
+    """Per table (row of `cost`, tables × factors; `hbm`, tables × devices × factors), the factor chosen so that
+    every device's HBM stays within its `room`: each table's least cost plus one price times its HBM summed
+    over devices, at the least price that fits (bisected), then raised while every device still fits and that
+    lowers the cost, the largest saving first; None where even the leanest factors do not fit."""
+    summed = hbm.sum(axis=1)
+    rows = np.arange(len(cost))
+
+    def choice(price: float) -> np.ndarray:
+        return np.argmin(cost + price * summed, axis=1)
+
+    def fits(columns: np.ndarray) -> bool:
+        return bool((hbm[rows, :, columns].sum(axis=0) <= room).all())
+
+    low, high = 0.0, max(float(cost.max()), 1e-300) / max(float(summed[summed > 0].min(initial=1.0)), 1.0)
+    if not fits(choice(low)):
+        while not fits(choice(high)) and high < 1e300:
+            high *= 2
+        if not fits(choice(high)):
+            return None
+        for _ in range(PRICE_STEPS):
+            middle = (low + high) / 2
+            low, high = (middle, high) if not fits(choice(middle)) else (low, middle)
+    columns = choice(high if not fits(choice(low)) else low)
+    while True:
+        left = room - hbm[rows, :, columns].sum(axis=0)
+        extra = hbm - hbm[rows, :, columns][:, :, None]
+        saving = np.where((extra <= left[None, :, None]).all(axis=1), cost[rows, columns][:, None] - cost, 0.0)
+        r, c = np.unravel_index(np.argmax(saving), saving.shape)
+        if saving[r, c] <= 0:
+            return columns
+        columns[r] = c
 
 
 def _grow(cost: np.ndarray, hbm: np.ndarray, columns: np.ndarray, room: float) -> np.ndarray:

@@ -16,6 +16,7 @@ from instances import Instance, Plan, Shard, TableSharding, Topology, Workload, 
 from instances.kernels import FUSED_UVM_CACHING, LOAD_FACTOR_GRID
 from instances.memory import HBM
 from instances.pieces import Pieces
+from instances.sharding import row_cuts
 from shardbench.cli import main
 from solvers import Budget, run_solver
 from solvers.cache_sizes import STEP, resize_caches
@@ -86,6 +87,35 @@ def test_two_caches_on_one_device_match_the_best_pair_of_fine_load_factors_withi
                   if _cached(instance, {0: a, 1: b}).storage_per_device(instance)[0, HBM]
                   <= instance.topology.capacity.hbm)
     assert got < on_grid
+
+
+def _row_wise(instance: Instance, factors: dict[int, float]) -> Plan:
+    """Every table cached and cut row-wise over all devices, table t at factors[t]."""
+    k = instance.num_devices
+    return Plan(instance.id, tuple(TableSharding("row_wise", tuple(Shard(d, rows, (0, table.dim)) for d, rows in
+                                                                   enumerate(row_cuts(table.rows, k))),
+                                                 FUSED_UVM_CACHING, factors[t]) for t, table in enumerate(instance.tables)))
+
+
+def test_caches_cut_over_devices_share_the_hbm_as_brute_force_over_pairs_of_load_factors_does():
+    # Two row-wise tables on two devices, both cached at 0.3 with HBM to spare: the re-sized pair is no worse
+    # than the best pair of load factors 0.01 apart that fits.
+    oracle = get_oracle("torchrec")
+    one = _one_device((0.3, 0.5), tables=2)
+    instance = Instance("two", one.tables, Topology(1, 2, one.topology.memory_bytes // 2,
+                                                     host_memory_bytes=one.topology.host_memory_bytes),
+                        Workload(batch_size=64), sharding_types=("row_wise",)).validate()
+    plan = _row_wise(instance, {0: 0.3, 1: 0.3}).validate(instance)
+    resized = resize_caches(instance, oracle, plan).validate(instance)
+    fine = np.round(np.arange(1, round(1 / STEP) + 1) * STEP, 4)[::4]
+    best = np.inf
+    for a in fine:
+        pairs = [_row_wise(instance, {0: a, 1: b}) for b in fine]
+        fitting = [p for p in pairs if (p.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
+                   and (oracle.storage_per_device(instance, p) <= instance.topology.capacity.as_array()).all()]
+        best = min([best] + [oracle.plan_cost(instance, p) for p in fitting])
+    got = oracle.plan_cost(instance, resized)
+    assert got <= best * (1 + 1e-9) and got < oracle.plan_cost(instance, plan)
 
 
 def test_a_load_factor_the_instance_fixes_is_never_changed():
