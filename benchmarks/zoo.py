@@ -333,8 +333,9 @@ class Side:
     first line), killed (at the timeout) or died; `rating_ms` is TorchRec's rating of its plan (max over
     ranks of Σ shard perf.total), `hbm_peak` the most HBM a rank holds by TorchRec's storage estimate,
     `rating_error` why the plan could not be rated or measured; `shardings` counts tables by sharding type /
-    kernel. Ours also reports its objective, bound, gap and winning solver; TorchRec's planner its own
-    rating of its best plan (`self_rating_ms`), which the rating must equal."""
+    kernel. Ours also reports its objective, bound, gap and winning solver (and, where `plan` re-sized its
+    caches off the grid of load factors, the cost before, `grid_objective_ms`, which the bound and the gap are
+    of); TorchRec's planner its own rating of its best plan (`self_rating_ms`), which the rating must equal."""
 
     status: str
     error: str | None = None
@@ -346,6 +347,7 @@ class Side:
     objective_ms: float | None = None
     bound_ms: float | None = None
     gap: float | None = None
+    grid_objective_ms: float | None = None
     solver: str | None = None
     self_rating_ms: float | None = None
 
@@ -471,7 +473,7 @@ def plan_ours(zoo: ZooModel, ranks, budget: float) -> Side:
     wall = time.monotonic() - started
     result = planner.result
     return _rated(zoo, ranks, sharding_plan, wall, objective_ms=result.objective, bound_ms=result.bound,
-                  gap=result.gap, solver=result.solver)
+                  gap=result.gap, grid_objective_ms=result.grid_objective, solver=result.solver)
 
 
 def plan_torchrec(zoo: ZooModel, ranks) -> Side:

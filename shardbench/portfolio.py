@@ -1,6 +1,7 @@
 """The portfolio behind `plan` (the race and certify stages of shardbench.pipeline): the members run side
 by side, each in its own process within the budget; the best validated plan is kept with the best bound any
-of them proved for the problem as posed. A proven optimum of that problem stops the rest at once."""
+of them proved for the problem as posed; the kept plan's caches are then re-sized off the grid of load factors.
+A proven optimum of that problem stops the rest at once."""
 from __future__ import annotations
 
 import functools
@@ -183,8 +184,9 @@ def race_members(problem: Problem, clock: Budget, pricing: float, names: tuple[s
 
 
 def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: float) -> PortfolioResult:
-    """The best member's plan, validated and priced again here (the plan handed over is the plan rated),
-    with the best bound any member proved for the problem as posed (never above the plan)."""
+    """The best member's plan, validated and priced again here (the plan handed over is the plan rated), its
+    caches re-sized off the grid of load factors where that lowers it (`resized_caches`), with the best bound
+    any member proved for the problem as posed (never above the plan on the grid)."""
     instance, members = problem.instance, race.members
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
@@ -199,12 +201,11 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
     bound = min(bound, objective) if bound is not None else None
-    resized = resized_caches(problem, plan, objective)
-    if resized is None:
-        return PortfolioResult(plan, best.solver, objective, bound, race.wall_s, members, race.stopped, skipped,
-                               pricing, moved_bytes=moved)
-    return PortfolioResult(resized[0], best.solver, resized[1], bound, race.wall_s, members, race.stopped, skipped,
-                           pricing, moved_bytes=moved, grid_objective=objective)
+    resized, grid_objective = resized_caches(problem, plan, objective), None
+    if resized is not None:
+        (plan, objective), grid_objective = resized, objective
+    return PortfolioResult(plan, best.solver, objective, bound, race.wall_s, members, race.stopped, skipped, pricing,
+                           moved_bytes=moved, grid_objective=grid_objective)
 
 
 def resized_caches(problem: Problem, plan: Plan, objective: float) -> tuple[Plan, float] | None:

@@ -42,36 +42,13 @@ def _variants(pieces: Pieces, chosen: np.ndarray, factors: np.ndarray) -> Pieces
                      load_factor=np.tile(factors, chosen.size))
 
 
-def _least_cost(cost: np.ndarray, hbm: np.ndarray, room: float) -> np.ndarray:
-    """Per row (a piece's variants), the column chosen so that the HBM summed over rows stays within `room`
-    and the cost summed is least at the lowest HBM price that fits (bisected); -1 per row where even each
-    row's leanest variant does not fit."""
-    def choice(price: float) -> np.ndarray:
-        return np.argmin(cost + price * hbm, axis=1)
-
-    def used(columns: np.ndarray) -> float:
-        return float(hbm[np.arange(len(columns)), columns].sum())
-
-    if used(choice(0.0)) <= room:
-        return choice(0.0)
-    low, high = 0.0, max(float(cost.max()), 1e-300) / max(float(hbm.min(initial=1.0)), 1.0)
-    while used(choice(high)) > room and high < 1e300:
-        high *= 2
-    if used(choice(high)) > room:
-        return np.full(len(cost), -1)
-    for _ in range(PRICE_STEPS):
-        middle = (low + high) / 2
-        low, high = (middle, high) if used(choice(middle)) > room else (low, middle)
-    return choice(high)
-
-
 def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None:
     """The plan with its caches re-sized (`resizable`; a table's pieces share one load factor) over load factors
     STEP apart, None where that lowers no cost. First the tables cut over several devices: each at its least
     cost plus one price on the HBM it takes, at the least price where every device fits (bisected), then grown
-    into what HBM is left (`_shared_price`), kept where no device then costs more. Then, device by device, the
+    into what HBM is left (`_cheapest_within`), kept where no device then costs more. Then, device by device, the
     caches of the tables it holds whole, at the least cost that device pays within the HBM the rest of its
-    pieces leave (`_least_cost`, then `_grow`). Every tier is checked; additive oracles only (a device's cost
+    pieces leave (the same). Every tier is checked; additive oracles only (a device's cost
     is its pieces' sum)."""
     if not oracle.additive:
         return None
@@ -111,7 +88,7 @@ def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None
         np.add.at(table_hbm, (row_of, devices[chosen[split]]), variant_storage[split, :, HBM])
         room = capacity[HBM] - used[:, HBM] + np.bincount(devices[chosen[split]], minlength=k,
                                                           weights=variant_storage[split, column[split], HBM])
-        picked = _shared_price(table_cost, table_hbm, room)
+        picked = _cheapest_within(table_cost, table_hbm, room)
         if picked is not None:
             trial = column.copy()
             trial[split] = picked[row_of]
@@ -123,14 +100,13 @@ def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None
     for d in np.unique(devices[chosen[whole]]):
         rows = np.flatnonzero(whole & (devices[chosen] == d))
         _, used = state()
-        room = float(capacity[HBM] - used[d, HBM] + variant_storage[rows, column[rows], HBM].sum())
-        hbm = variant_storage[rows, :, HBM].astype(float)
-        picked = _least_cost(variant_cost[rows], hbm, room)
-        if (picked < 0).any():
+        room = capacity[HBM] - used[d, HBM] + variant_storage[rows, column[rows], HBM].sum()
+        picked = _cheapest_within(variant_cost[rows], variant_storage[rows, None, :, HBM], np.array([room]))
+        if picked is None:
             continue
-        picked = _grow(variant_cost[rows], hbm, picked, room)
         extra = (variant_storage[rows, picked] - variant_storage[rows, column[rows]]).sum(axis=0)
-        if (used[d] + extra <= capacity).all() and variant_cost[rows, picked].sum() < variant_cost[rows, column[rows]].sum():
+        cheaper = variant_cost[rows, picked].sum() < variant_cost[rows, column[rows]].sum()
+        if cheaper and (used[d] + extra <= capacity).all():
             column[rows] = picked
     new = factors[column]
     if np.array_equal(new, pieces.load_factor[chosen]):
@@ -140,7 +116,7 @@ def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None
                                         for t, s in enumerate(plan.tables)))
 
 
-def _shared_price(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.ndarray | None:
+def _cheapest_within(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.ndarray | None:
     """Per table (row of `cost`, tables × factors; `hbm`, tables × devices × factors), the factor chosen so that
     every device's HBM stays within its `room`: each table's least cost plus one price times its HBM summed
     over devices, at the least price that fits (bisected), then raised while every device still fits and that
@@ -154,8 +130,9 @@ def _shared_price(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.nda
     def fits(columns: np.ndarray) -> bool:
         return bool((hbm[rows, :, columns].sum(axis=0) <= room).all())
 
-    low, high = 0.0, max(float(cost.max()), 1e-300) / max(float(summed[summed > 0].min(initial=1.0)), 1.0)
-    if not fits(choice(low)):
+    price = 0.0
+    if not fits(choice(price)):
+        low, high = 0.0, max(float(cost.max()), 1e-300) / max(float(summed[summed > 0].min(initial=1.0)), 1.0)
         while not fits(choice(high)) and high < 1e300:
             high *= 2
         if not fits(choice(high)):
@@ -163,7 +140,8 @@ def _shared_price(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.nda
         for _ in range(PRICE_STEPS):
             middle = (low + high) / 2
             low, high = (middle, high) if not fits(choice(middle)) else (low, middle)
-    columns = choice(high if not fits(choice(low)) else low)
+        price = high
+    columns = choice(price)
     while True:
         left = room - hbm[rows, :, columns].sum(axis=0)
         extra = hbm - hbm[rows, :, columns][:, :, None]
@@ -172,22 +150,3 @@ def _shared_price(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.nda
         if saving[r, c] <= 0:
             return columns
         columns[r] = c
-
-
-def _grow(cost: np.ndarray, hbm: np.ndarray, columns: np.ndarray, room: float) -> np.ndarray:
-    """The chosen columns, each raised while the HBM left allows and that lowers the cost: the Lagrangian
-    choice leaves up to one step's worth of HBM per piece unused."""
-    columns = columns.copy()
-    rows = np.arange(len(columns))
-    while True:
-        left = room - float(hbm[rows, columns].sum())
-        best, gain = None, 0.0
-        for r in rows:
-            up = np.flatnonzero((hbm[r] - hbm[r, columns[r]] <= left) & (cost[r] < cost[r, columns[r]]))
-            if up.size:
-                c = int(up[np.argmin(cost[r, up])])
-                if cost[r, columns[r]] - cost[r, c] > gain:
-                    best, gain = (r, c), cost[r, columns[r]] - cost[r, c]
-        if best is None:
-            return columns
-        columns[best[0]] = best[1]
