@@ -70,14 +70,16 @@ def measure(label: str, instance: Instance, oracle: str, budget: float, seed: in
     each way (share None)."""
     record = {"set": label, "instance": instance.id, "oracle": oracle, "budget": budget, "seed": seed,
               "drifted_share": DRIFTED_SHARE, "scale": list(SCALE), "added_share": ADDED_SHARE}
-    old = run(plan_request(instance, oracle, budget=budget, seed=seed)).result
+    # Every plan here on the options' grid of load factors, where replans plan: a fresh plan re-sized off it
+    # would be measured against replans that cannot be.
+    old = run(plan_request(instance, oracle, budget=budget, seed=seed, resize_caches=False)).result
     new = drifted(instance, seed)
     if old.plan is None:
         return {**record, "status": "no_plan", "reason": f"old plan: {old.no_plan_reason}", **provenance()}
     tables = {t.name: s for t, s in zip(instance.tables, old.plan.tables)}
     unlimited = previous_plan(new, tables)
     started = time.monotonic()
-    fresh = run(plan_request(new, oracle, budget=budget, seed=seed)).result
+    fresh = run(plan_request(new, oracle, budget=budget, seed=seed, resize_caches=False)).result
     fresh_seconds = time.monotonic() - started
     kept = run(plan_request(new, oracle, budget=KEEP_SECONDS, seed=seed, previous=replace(unlimited, budget=0))).result
     if fresh.plan is None or kept.plan is None:

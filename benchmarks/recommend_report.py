@@ -83,7 +83,7 @@ def plan_lines(rules: Rules) -> list[str]:
         if w.family not in held_out:  # the portfolio is chosen without the workload's own family
             held_out[w.family] = Rules.fit([v for v in rules.evidence if v.family != w.family], rules.granularity)
         portfolio = held_out[w.family].portfolio(workload_features(instance, w.oracle, PLAN_BUDGET))
-        result = plan(instance, w.oracle, PLAN_BUDGET, portfolio)
+        result = plan(instance, w.oracle, PLAN_BUDGET, portfolio, resize_caches=False)  # on the singles' grid
         singles = {s: r["objective"] for s, r in w.results.items() if r["objective"] is not None}
         beaten = [s for s, obj in singles.items() if result.objective is None or obj < result.objective * (1 - MATCH)]
         rows.append((w, result, beaten))

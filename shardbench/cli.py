@@ -221,7 +221,8 @@ def _request(args: argparse.Namespace) -> PlanRequest:
     return plan_request(load_instance(args.instance), args.oracle, budget=args.budget,
                         gap=getattr(args, "gap", 0.0), solvers=getattr(args, "solvers", None),
                         seed=getattr(args, "seed", 0), sharding_types=args.sharding_types,
-                        compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES)
+                        compute_kernels=args.compute_kernels, rules=getattr(args, "rules", None), names=CLI_NAMES,
+                        resize_caches=not getattr(args, "grid_caches", False))
 
 
 def _say_notes(notes: tuple[str, ...]) -> None:
@@ -622,6 +623,9 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                   "recommended portfolio)")
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
             question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
+            question.add_argument("--grid-caches", action="store_true", help="keep every cache at a load factor "
+                                  "of the options' grid (default: the kept plan's caches are re-sized off it into "
+                                  "the HBM left)")
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
                             "old plan (TorchRec's reshard)",

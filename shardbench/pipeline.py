@@ -15,7 +15,7 @@ from instances.memory import format_bytes
 from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, load_backends, memory_infeasibility
-from solvers.bounds import lp_bound
+from solvers.bounds import solve_lp_within
 
 from .portfolio import (
     REPLAN_PORTFOLIO,
@@ -38,6 +38,8 @@ DEFAULT_ORACLE = "torchrec"
 FALLBACK_ORACLE = "analytic"
 # A member's reason beside its verdict is cut to this many characters, at a word (the record keeps it whole).
 REASON_WIDTH = 160
+LISTED_LOAD_FACTORS = 8  # a report lists the cache load factors up to this many, else their range
+LP_SHARE = 0.2  # of the budget, the most the price stage gives the LP over options before the members start
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
 PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers"}
@@ -61,8 +63,9 @@ class PlanRequest:
     """What to plan and how: the instance, the oracle the members optimise, the budget (seconds, pricing
     included), the gap (a fraction of the bound that stops the search early), the members (None: the
     recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
-    types and compute kernels to plan with (None: the instance's), a rules file for the recommender, and
-    for a replan the previous plan with its move budget."""
+    types and compute kernels to plan with (None: the instance's), a rules file for the recommender, for a
+    replan the previous plan with its move budget, and whether the kept plan's caches are re-sized off the
+    options' grid of load factors (`resize_caches`; never in a replan)."""
 
     instance: Instance
     oracle: str
@@ -76,6 +79,7 @@ class PlanRequest:
     names: Mapping[str, str] = field(default_factory=lambda: dict(PYTHON_NAMES))
     notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf, said with the result
     previous: Previous | None = None  # a replan: the previous plan over the instance, with its move budget
+    resize_caches: bool = True
 
 
 @dataclass(frozen=True)
@@ -218,13 +222,14 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
           previous: Previous | None = None, lp: bool = False) -> Priced:
     """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too;
     in a replan, what each piece moves from the previous plan — so that every member shares them; with `lp`
-    (some member bounds its plan by it), the LP over those options as well, which each such member would
-    otherwise solve again in its own process (3.4 s at 800 × 128 with memory tiers). The budget's clock
-    starts now (building the oracle, which may load a library, is start-up, not planning)."""
+    (some member bounds its plan by it), the LP over those options as well where it takes at most LP_SHARE of
+    the budget, which each such member would otherwise solve again in its own process (3.4 s at 800 × 128 with
+    memory tiers) while every member waits for it here. The budget's clock starts now (building the oracle,
+    which may load a library, is start-up, not planning)."""
     clock = budget.begun()
     problem = Problem.priced(instance, oracle, whole_tables, previous)
     if lp and oracle.additive and problem.chooses_options:
-        lp_bound(problem.candidates)
+        solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
     return Priced(problem, clock, clock.elapsed())
 
 
@@ -250,18 +255,22 @@ def race(priced: Priced, members: tuple[str, ...], seed: int) -> Race:
     return Race((*run.names, RESCUE), (*run.members, *rescue.members), run.stopped, priced.clock.elapsed())
 
 
-def certify(priced: Priced, run: Race, skipped: tuple[str, ...]) -> PortfolioResult:
+def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = True) -> PortfolioResult:
     """The best member's plan validated against the instance and priced again (the plan handed over is the
-    plan rated), with the best bound any member proved for the problem as posed."""
-    return settle(priced.problem, run, skipped, priced.seconds)
+    plan rated), its caches re-sized off the grid of load factors where `resize` and that lowers it, with the
+    best bound any member proved for the problem as posed."""
+    return settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
 
 
 # ------------------------------------------------------------------ report
 
 
 def _load_factors(result: PortfolioResult) -> str:
-    factors = sorted(t.cache_load_factor for t in result.plan.tables if t.cache_load_factor is not None)
-    return f" (cache load factors {', '.join(f'{f:g}' for f in dict.fromkeys(factors))})" if factors else ""
+    factors = list(dict.fromkeys(sorted(t.cache_load_factor for t in result.plan.tables
+                                        if t.cache_load_factor is not None)))
+    if len(factors) > LISTED_LOAD_FACTORS:
+        return f" (cache load factors {factors[0]:g}–{factors[-1]:g}, {len(factors)} distinct)"
+    return f" (cache load factors {', '.join(f'{f:g}' for f in factors)})" if factors else ""
 
 
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
@@ -364,7 +373,8 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members), request.previous,
                    any(get_solver(name).lp_bounded for name in members))
-    result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped), notes=request.notes)
+    result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped, request.resize_caches),
+                     notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):
         say(line)
     entered = tuple(dict.fromkeys([*portfolio, net]))

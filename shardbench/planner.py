@@ -60,8 +60,9 @@ class ShardbenchPlanner(ShardingPlanner):
     HeuristicalStorageReservation(0.15), when not given: 15 % of HBM and room for the dense parameters and
     input batches, reserved on the real model), plus `budget` (seconds), `oracle` (the cost model the
     solvers optimise; `torchrec`, TorchRec's own estimator, by default), `solvers` (default: the recommended
-    portfolio), `seed` and `gap` (stop once a plan is certified within this fraction of its bound; default
-    0). After `plan`, `result` holds the PortfolioResult (objective, bound, gap, winning solver, members,
+    portfolio), `seed`, `gap` (stop once a plan is certified within this fraction of its bound; default
+    0) and `resize_caches` (re-size the kept plan's caches off the options' grid of load factors; default
+    True; the certificate is the plan's on the grid). After `plan`, `result` holds the PortfolioResult (objective, bound, gap, winning solver, members,
     notes) and `instance` the instance planned (a table that shares its name with another module's, or has
     a ".", is renamed there after its module's path).
 
@@ -96,7 +97,8 @@ class ShardbenchPlanner(ShardingPlanner):
                  constraints: dict[str, ParameterConstraints] | None = None, budget: float = 10.0,
                  oracle: str = DEFAULT_ORACLE, solvers: list[str] | None = None, seed: int = 0, gap: float = 0.0,
                  storage_reservation: StorageReservation | None = None, previous_plan: ShardingPlan | None = None,
-                 move_budget: int | str | None = None, allow_type_changes: bool = False) -> None:
+                 move_budget: int | str | None = None, allow_type_changes: bool = False,
+                 resize_caches: bool = True) -> None:
         from .replanning import move_budget_bytes
 
         self._topology = topology
@@ -106,6 +108,7 @@ class ShardbenchPlanner(ShardingPlanner):
         self._reservation = storage_reservation
         self._previous, self._keep_types = previous_plan, not allow_type_changes
         self._move_budget = move_budget_bytes(move_budget)
+        self._resize_caches = resize_caches
         self.result: PortfolioResult | None = None
         self.instance: Instance | None = None
         self.reshard_delta: dict | None = None
@@ -146,7 +149,8 @@ class ShardbenchPlanner(ShardingPlanner):
         self.instance = instance
         previous = self._previous_over(instance, names)
         self.result = run(plan_request(instance, self._oracle, budget=self._budget, solvers=self._solvers,
-                                       seed=self._seed, gap=self._gap, notes=notes, previous=previous)).result
+                                       seed=self._seed, gap=self._gap, notes=notes, previous=previous,
+                                       resize_caches=self._resize_caches)).result
         if self.result.plan is None:
             raise PlannerError(f"shardbench found no plan within {self._budget} s: {self.result.no_plan_reason}")
         modules = [ShardableModule(f.path, f.module, f.sharder,

@@ -5,14 +5,17 @@ A proven optimum of that problem stops the rest at once."""
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from dataclasses import dataclass, field
 
 from instances import Instance
 from instances.memory import format_bytes
 from instances.moves import Previous, check_replan
-from instances.sharding import Plan, check_capacity
+from instances import PlanError
+from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
-from solvers.base import wall_limit
+from solvers.base import fits_every_tier, wall_limit
 from solvers.bounds import gap_to_bound
 from solvers.cache_sizes import resize_caches
 from solvers.candidates import Problem
@@ -20,8 +23,11 @@ from solvers.candidates import Problem
 from .isolation import Job, Outcome, run_isolated
 
 # Kept back from the promised wall time for what the parent does after its members: re-pricing and
-# validating the chosen plan.
+# validating the chosen plan, and re-sizing its caches (solvers.cache_sizes prices at most 25,000 pieces,
+# about 0.25 s under TorchRec's estimator).
 PARENT_MARGIN_S = 0.5
+RESIZE_FLOOR_S = 0.25  # what re-sizing may take past the promise where the members took it all
+RESIZE_GAIN = 1e-9     # the least relative saving a re-sized plan is handed over for (not float noise)
 
 
 def first_plan_allowance(budget: float) -> float:
@@ -183,10 +189,12 @@ def race_members(problem: Problem, clock: Budget, pricing: float, names: tuple[s
     return Race(tuple(names), tuple(members), stopped, clock.elapsed())
 
 
-def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: float) -> PortfolioResult:
-    """The best member's plan, validated and priced again here (the plan handed over is the plan rated), its
-    caches re-sized off the grid of load factors where that lowers it (`resized_caches`), with the best bound
-    any member proved for the problem as posed (never above the plan on the grid)."""
+def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: float,
+           resize: Budget | None = None) -> PortfolioResult:
+    """The best member's plan, validated and priced again here (the plan handed over is the plan rated), with
+    the best bound any member proved for the problem as posed (never above the plan on the grid); given the
+    race's clock (`resize`), its caches re-sized off the grid of load factors where that lowers it
+    (`resized_caches`, within what the clock leaves) and the wall time taken to the end of that."""
     instance, members = problem.instance, race.members
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
@@ -201,25 +209,30 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
     bound = min(bound, objective) if bound is not None else None
-    resized, grid_objective = resized_caches(problem, plan, objective), None
+    resized, grid_objective = None, None
+    if resize is not None:
+        resized = resized_caches(problem, plan, objective, max(resize.deadline(), time.monotonic() + RESIZE_FLOOR_S))
     if resized is not None:
         (plan, objective), grid_objective = resized, objective
-    return PortfolioResult(plan, best.solver, objective, bound, race.wall_s, members, race.stopped, skipped, pricing,
+    wall = resize.elapsed() if resize is not None else race.wall_s
+    return PortfolioResult(plan, best.solver, objective, bound, wall, members, race.stopped, skipped, pricing,
                            moved_bytes=moved, grid_objective=grid_objective)
 
 
-def resized_caches(problem: Problem, plan: Plan, objective: float) -> tuple[Plan, float] | None:
-    """The plan with its caches re-sized off the grid of load factors (solvers.cache_sizes), validated on
-    every tier (the instance's count and the oracle's own) and priced, with its cost, where that is lower;
-    None elsewhere and in a replan (a new cache size would count as a move)."""
+def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Plan, float] | None:
+    """The plan with its caches re-sized off the grid of load factors (solvers.cache_sizes, by `deadline`),
+    validated on every tier (the instance's count and the oracle's own) and priced, with its cost, where that
+    is lower; None elsewhere and in a replan, whose options keep each old table's cache. A re-sized plan that
+    fails validation is a defect of the re-sizing: it is logged and the plan on the grid handed over."""
     if problem.previous is not None:
         return None
-    resized = resize_caches(problem.instance, problem.oracle, plan)
+    resized = resize_caches(problem.instance, problem.oracle, plan, deadline)
     if resized is None:
         return None
-    resized = resized.validate(problem.instance)
-    if problem.oracle.own_memory:
-        check_capacity(problem.oracle.storage_per_device(problem.instance, resized), problem.instance,
-                       f" under {problem.oracle.name}'s storage model")
+    try:
+        fits_every_tier(problem.instance, problem.oracle, resized)
+    except PlanError as error:
+        logging.getLogger("shardbench").error("shardbench: caches not re-sized, the re-sized plan failed: %s", error)
+        return None
     cost = problem.oracle.plan_cost(problem.instance, resized)
-    return (resized, cost) if cost < objective else None
+    return (resized, cost) if cost < objective * (1 - RESIZE_GAIN) else None

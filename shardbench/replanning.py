@@ -201,7 +201,9 @@ def frontier(instance: Instance, old: OldPlan, oracle: str, budget: float, seed:
 
     say = echo or (lambda _: None)
     say(f"fresh plan of {instance.id} under {oracle}, {budget:g} s")
-    fresh = run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap)).result
+    # On the options' grid of load factors, where the replans plan (types kept, each old table keeps its cache).
+    fresh = run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, gap=gap,
+                             resize_caches=False)).result
     if fresh.plan is None:
         raise InstanceError("instance", f"no fresh plan to measure the frontier against: {fresh.no_plan_reason}")
     unbounded_previous = old.previous(instance, None, keep_types)

@@ -265,6 +265,14 @@ def load_backends(names: Sequence[str]) -> None:
         importlib.import_module(module)
 
 
+def fits_every_tier(instance: Instance, oracle: Oracle, plan: Plan) -> None:
+    """Raises PlanError where the plan is not valid for the instance (its shards, kernels and every memory tier
+    by the instance's count) or, where the oracle counts memory its own way, exceeds a tier by that count."""
+    plan.validate(instance)
+    if oracle.own_memory:
+        check_capacity(oracle.storage_per_device(instance, plan), instance, f" under {oracle.name}'s storage model")
+
+
 def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, seed: int = 0,
                problem: Problem | None = None) -> SolveResult:
     """The one entry point: checks solver/oracle compatibility, re-validates and re-prices whatever plan
@@ -302,11 +310,9 @@ def run_solver(name: str, instance: Instance, oracle: Oracle, budget: Budget, se
     combinatorial = best_option_bound(problem.candidates) if oracle.additive else None
     if result.plan is None:
         return _verified_failure(name, info, problem, budget, elapsed, result, claimed, stats, previous is not None)
-    result.plan.validate(instance)
+    fits_every_tier(instance, oracle, result.plan)
     if previous is not None:
         stats["moved_bytes"] = check_replan(instance, previous, result.plan)
-    if oracle.own_memory:
-        check_capacity(oracle.storage_per_device(instance, result.plan), instance, f" under {oracle.name}'s storage model")
     objective = oracle.plan_cost(instance, result.plan)
     if not math.isfinite(objective):
         raise ValueError(f"oracle {oracle.name!r} priced the plan at {objective}: costs must be finite")

@@ -203,14 +203,27 @@ def best_option_bound(candidates: Candidates) -> float:
 
 
 def lp_bound(candidates: Candidates) -> float | None:
-    """The LP relaxation of choosing one option per table (`_lp_bound`), solved once per candidates: the
-    price stage solves it before the members fork (`Problem.priced`), so that they share it."""
+    """The LP relaxation of choosing one option per table (`_lp_bound`), solved once per candidates: `plan`'s
+    price stage solves it before the members fork (`solve_lp_within`), so that they share it."""
     if "lp_bound" not in candidates.memo:
         candidates.memo["lp_bound"] = _lp_bound(candidates)
     return candidates.memo["lp_bound"]
 
 
-def _lp_bound(candidates: Candidates) -> float | None:
+class LPOutOfTime(RuntimeError):
+    """The LP relaxation did not finish within its time limit."""
+
+
+def solve_lp_within(candidates: Candidates, seconds: float) -> None:
+    """`lp_bound` solved now where it takes at most `seconds`; else left to whoever asks for it later."""
+    if "lp_bound" not in candidates.memo:
+        try:
+            candidates.memo["lp_bound"] = _lp_bound(candidates, seconds)
+        except LPOutOfTime:
+            pass
+
+
+def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float | None:
     """The LP relaxation of choosing one option per table (HiGHS via scipy), or None when it is
     infeasible (then no plan fits either). Rows: one option per table; K·z ≥ total work; z ≥ each table's
     largest piece; total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model
@@ -265,9 +278,11 @@ def _lp_bound(candidates: Candidates) -> float | None:
     objective[-1] = 1.0
     result = linprog(objective, A_ub=vstack([a_ub]), b_ub=np.array(rhs), A_eq=a_eq,
                      b_eq=np.ones(len(candidates.by_table)), bounds=[(0, 1)] * live.size + [(0, None), (0, None)],
-                     method="highs")
+                     method="highs", options={} if time_limit is None else {"time_limit": max(time_limit, 1e-3)})
     if result.status == 2:
         return None
+    if result.status == 1 and time_limit is not None:
+        raise LPOutOfTime(f"the LP relaxation took more than {time_limit:.2f} s")
     if result.status != 0:
         raise RuntimeError(f"LP relaxation failed: {result.message}")
     # HiGHS holds rows to ~1e-9 of the scaled load: give that back so the bound stays below the optimum.

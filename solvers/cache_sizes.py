@@ -14,10 +14,12 @@ from instances.kernels import FUSED_UVM_CACHING, KERNEL_CODE
 from instances.memory import HBM
 from instances.pieces import Pieces
 
+from .base import past
+
 # Load factors a re-sized cache may take: the multiples of this step in (0, 1] (and the one it had), or, where
 # more than MAX_VARIANTS pieces would be priced, of a coarser step.
 STEP = 0.0025
-MAX_VARIANTS = 50_000  # about 0.5 s of pricing under TorchRec's estimator, within what `plan` keeps back
+MAX_VARIANTS = 25_000  # about 0.25 s of pricing under TorchRec's estimator, within what `plan` keeps back
 PRICE_STEPS = 60  # bisection steps on a device's HBM price
 
 
@@ -42,85 +44,108 @@ def _variants(pieces: Pieces, chosen: np.ndarray, factors: np.ndarray) -> Pieces
                      load_factor=np.tile(factors, chosen.size))
 
 
-def resize_caches(instance: Instance, oracle: Oracle, plan: Plan) -> Plan | None:
+def resize_caches(instance: Instance, oracle: Oracle, plan: Plan, deadline: float = np.inf) -> Plan | None:
     """The plan with its caches re-sized (`resizable`; a table's pieces share one load factor) over load factors
-    STEP apart, None where that lowers no cost. First the tables cut over several devices: each at its least
-    cost plus one price on the HBM it takes, at the least price where every device fits (bisected), then grown
-    into what HBM is left (`_cheapest_within`), kept where no device then costs more. Then, device by device, the
-    caches of the tables it holds whole, at the least cost that device pays within the HBM the rest of its
-    pieces leave (the same). Every tier is checked; additive oracles only (a device's cost
-    is its pieces' sum)."""
-    if not oracle.additive:
+    STEP apart (or coarser: MAX_VARIANTS), None where that lowers no cost or `deadline` (time.monotonic()) is
+    past. First the tables cut over several devices together (`_Caches.resize_split`), then each device's whole
+    tables (`_Caches.resize_whole`), each step kept where it fits every tier and no device then costs more.
+    Additive oracles only (a device's cost is its pieces' sum)."""
+    if not oracle.additive or past(deadline):
         return None
     pieces, devices = Pieces.of_plan(instance, plan)
     chosen = resizable(instance, pieces)
     if chosen.size == 0:
         return None
-    cost, storage = _priced(instance, oracle, pieces)
-    steps = max(20, min(round(1 / STEP), MAX_VARIANTS // chosen.size))
-    factors = np.unique(np.r_[np.round(np.arange(1, steps + 1) / steps, 4), pieces.load_factor[chosen]])
-    variant_cost, variant_storage = _priced(instance, oracle, _variants(pieces, chosen, factors))
-    variant_cost = variant_cost.reshape(chosen.size, factors.size)
-    variant_storage = variant_storage.reshape(chosen.size, factors.size, 2)
-    column = np.searchsorted(factors, pieces.load_factor[chosen])
-    capacity = instance.topology.capacity.as_array()
-    k = instance.num_devices
-    tables = pieces.table[chosen]
-    whole = np.bincount(tables, minlength=instance.num_tables)[tables] == 1
-
-    def state() -> tuple[np.ndarray, np.ndarray]:
-        """Each device's cost and bytes with the chosen pieces at their current columns."""
-        at = np.arange(chosen.size)
-        load = np.bincount(devices, weights=cost, minlength=k) + np.bincount(
-            devices[chosen], weights=variant_cost[at, column] - cost[chosen], minlength=k)
-        used = np.zeros((k, 2), dtype=np.int64)
-        np.add.at(used, devices, storage)
-        np.add.at(used, devices[chosen], variant_storage[at, column] - storage[chosen])
-        return load, used
-
-    split = np.flatnonzero(~whole)
-    if split.size:
-        _, used = state()
-        ids, row_of = np.unique(tables[split], return_inverse=True)
-        table_cost = np.zeros((ids.size, factors.size))
-        table_hbm = np.zeros((ids.size, k, factors.size))
-        np.add.at(table_cost, row_of, variant_cost[split])
-        np.add.at(table_hbm, (row_of, devices[chosen[split]]), variant_storage[split, :, HBM])
-        room = capacity[HBM] - used[:, HBM] + np.bincount(devices[chosen[split]], minlength=k,
-                                                          weights=variant_storage[split, column[split], HBM])
-        picked = _cheapest_within(table_cost, table_hbm, room)
-        if picked is not None:
-            trial = column.copy()
-            trial[split] = picked[row_of]
-            load, _ = state()
-            column_before, column[:] = column.copy(), trial
-            after, used_after = state()
-            if not ((used_after <= capacity).all() and after.max() <= load.max() and after.sum() < load.sum()):
-                column[:] = column_before
-    for d in np.unique(devices[chosen[whole]]):
-        rows = np.flatnonzero(whole & (devices[chosen] == d))
-        _, used = state()
-        room = capacity[HBM] - used[d, HBM] + variant_storage[rows, column[rows], HBM].sum()
-        picked = _cheapest_within(variant_cost[rows], variant_storage[rows, None, :, HBM], np.array([room]))
-        if picked is None:
-            continue
-        extra = (variant_storage[rows, picked] - variant_storage[rows, column[rows]]).sum(axis=0)
-        cheaper = variant_cost[rows, picked].sum() < variant_cost[rows, column[rows]].sum()
-        if cheaper and (used[d] + extra <= capacity).all():
-            column[rows] = picked
-    new = factors[column]
+    caches = _Caches(instance, oracle, pieces, devices, chosen)
+    caches.resize_split(deadline)
+    caches.resize_whole(deadline)
+    new = caches.factors[caches.column]
     if np.array_equal(new, pieces.load_factor[chosen]):
         return None
-    factor_of = {int(t): float(f) for t, f in zip(tables, new)}
+    factor_of = {int(t): float(f) for t, f in zip(caches.tables, new)}
     return Plan(plan.instance_id, tuple(replace(s, cache_load_factor=factor_of[t]) if t in factor_of else s
                                         for t, s in enumerate(plan.tables)))
 
 
-def _cheapest_within(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.ndarray | None:
+class _Caches:
+    """A plan's resizable pieces, each priced at every load factor of the fine grid, and the column (load
+    factor) each is at now."""
+
+    def __init__(self, instance: Instance, oracle: Oracle, pieces: Pieces, devices: np.ndarray, chosen: np.ndarray):
+        self.devices, self.chosen, self.k = devices, chosen, instance.num_devices
+        self.capacity = instance.topology.capacity.as_array()
+        self.cost, self.storage = _priced(instance, oracle, pieces)
+        steps = max(1, min(round(1 / STEP), MAX_VARIANTS // chosen.size))
+        self.factors = np.unique(np.r_[np.round(np.arange(1, steps + 1) / steps, 4), pieces.load_factor[chosen]])
+        variant_cost, variant_storage = _priced(instance, oracle, _variants(pieces, chosen, self.factors))
+        self.variant_cost = variant_cost.reshape(chosen.size, self.factors.size)
+        self.variant_storage = variant_storage.reshape(chosen.size, self.factors.size, 2)
+        self.column = np.searchsorted(self.factors, pieces.load_factor[chosen])
+        self.tables = pieces.table[chosen]
+        self.whole = np.bincount(self.tables, minlength=instance.num_tables)[self.tables] == 1
+
+    def state(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each device's cost and bytes per tier with the resizable pieces at their current columns."""
+        at, on = np.arange(self.chosen.size), self.devices[self.chosen]
+        load = np.bincount(self.devices, weights=self.cost, minlength=self.k) + np.bincount(
+            on, weights=self.variant_cost[at, self.column] - self.cost[self.chosen], minlength=self.k)
+        used = np.zeros((self.k, 2), dtype=np.int64)
+        np.add.at(used, self.devices, self.storage)
+        np.add.at(used, on, self.variant_storage[at, self.column] - self.storage[self.chosen])
+        return load, used
+
+    def resize_split(self, deadline: float) -> None:
+        """The tables cut over several devices (one load factor per table): each at its least cost plus one
+        price on the HBM it takes, at the least price where every device fits (`_cheapest_within`, by
+        `deadline`), kept where every tier fits, no device costs more and they cost less in all."""
+        split = np.flatnonzero(~self.whole)
+        if not split.size:
+            return
+        load, used = self.state()
+        on = self.devices[self.chosen[split]]
+        ids, row_of = np.unique(self.tables[split], return_inverse=True)
+        table_cost = np.zeros((ids.size, self.factors.size))
+        table_hbm = np.zeros((ids.size, self.k, self.factors.size))
+        np.add.at(table_cost, row_of, self.variant_cost[split])
+        np.add.at(table_hbm, (row_of, on), self.variant_storage[split, :, HBM])
+        room = self.capacity[HBM] - used[:, HBM] + np.bincount(
+            on, weights=self.variant_storage[split, self.column[split], HBM], minlength=self.k)
+        picked = _cheapest_within(table_cost, table_hbm, room, deadline)
+        if picked is None:
+            return
+        before = self.column.copy()
+        self.column[split] = picked[row_of]
+        after, used = self.state()
+        if not ((used <= self.capacity).all() and after.max() <= load.max() and after.sum() < load.sum()):
+            self.column = before
+
+    def resize_whole(self, deadline: float) -> None:
+        """Device by device while `deadline` allows, the caches of the tables it holds whole, at the least cost
+        that device pays within the HBM its other pieces leave (`_cheapest_within`), kept where the device
+        then costs less and fits every tier."""
+        for d in np.unique(self.devices[self.chosen[self.whole]]):
+            if past(deadline):
+                return
+            rows = np.flatnonzero(self.whole & (self.devices[self.chosen] == d))
+            _, used = self.state()
+            now = self.column[rows]
+            room = self.capacity[HBM] - used[d, HBM] + self.variant_storage[rows, now, HBM].sum()
+            picked = _cheapest_within(self.variant_cost[rows], self.variant_storage[rows, None, :, HBM],
+                                      np.array([room]), deadline)
+            if picked is None:
+                continue
+            extra = (self.variant_storage[rows, picked] - self.variant_storage[rows, now]).sum(axis=0)
+            cheaper = self.variant_cost[rows, picked].sum() < self.variant_cost[rows, now].sum()
+            if cheaper and (used[d] + extra <= self.capacity).all():
+                self.column[rows] = picked
+
+
+def _cheapest_within(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray, deadline: float) -> np.ndarray | None:
     """Per table (row of `cost`, tables × factors; `hbm`, tables × devices × factors), the factor chosen so that
     every device's HBM stays within its `room`: each table's least cost plus one price times its HBM summed
-    over devices, at the least price that fits (bisected), then raised while every device still fits and that
-    lowers the cost, the largest saving first; None where even the leanest factors do not fit."""
+    over devices, at the least price that fits (bisected), then raised while every device still fits, that
+    lowers the cost and `deadline` allows, the largest saving first; None where even the leanest factors do
+    not fit."""
     summed = hbm.sum(axis=1)
     rows = np.arange(len(cost))
 
@@ -132,7 +157,7 @@ def _cheapest_within(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.
 
     price = 0.0
     if not fits(choice(price)):
-        low, high = 0.0, max(float(cost.max()), 1e-300) / max(float(summed[summed > 0].min(initial=1.0)), 1.0)
+        low, high = 0.0, max(float(cost.max()), 1e-300) / float(summed[summed > 0].min(initial=1.0))
         while not fits(choice(high)) and high < 1e300:
             high *= 2
         if not fits(choice(high)):
@@ -142,11 +167,12 @@ def _cheapest_within(cost: np.ndarray, hbm: np.ndarray, room: np.ndarray) -> np.
             low, high = (middle, high) if not fits(choice(middle)) else (low, middle)
         price = high
     columns = choice(price)
-    while True:
+    while not past(deadline):
         left = room - hbm[rows, :, columns].sum(axis=0)
         extra = hbm - hbm[rows, :, columns][:, :, None]
         saving = np.where((extra <= left[None, :, None]).all(axis=1), cost[rows, columns][:, None] - cost, 0.0)
         r, c = np.unravel_index(np.argmax(saving), saving.shape)
         if saving[r, c] <= 0:
-            return columns
+            break
         columns[r] = c
+    return columns

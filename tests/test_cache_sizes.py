@@ -3,6 +3,7 @@ fits every tier, costs no more, and matches brute force over the fine load facto
 from Python and the command line alike, certified as the plan on the grid was."""
 import dataclasses
 import json
+import time
 
 import numpy as np
 import pytest
@@ -118,11 +119,21 @@ def test_caches_cut_over_devices_share_the_hbm_as_brute_force_over_pairs_of_load
     assert got <= best * (1 + 1e-9) and got < oracle.plan_cost(instance, plan)
 
 
-def test_a_load_factor_the_instance_fixes_is_never_changed():
+def test_a_load_factor_the_instance_fixes_is_never_changed_beside_one_it_leaves_open():
     oracle = get_oracle("torchrec")
-    base = _one_device((0.5, 0.7))
-    instance = dataclasses.replace(base, tables=(dataclasses.replace(base.tables[0], cache_load_factor=0.5),)).validate()
-    assert resize_caches(instance, oracle, _cached(instance, {0: 0.5}).validate(instance)) is None
+    base = _one_device((0.3, 0.5), tables=2)
+    fixed = dataclasses.replace(base.tables[0], cache_load_factor=0.3)
+    instance = dataclasses.replace(base, tables=(fixed, base.tables[1])).validate()
+    resized = resize_caches(instance, oracle, _cached(instance, {0: 0.3, 1: 0.3}).validate(instance))
+    assert resized.tables[0].cache_load_factor == 0.3 and resized.tables[1].cache_load_factor > 0.3
+    alone = dataclasses.replace(base, tables=(fixed,)).validate()
+    assert resize_caches(alone, oracle, _cached(alone, {0: 0.3}).validate(alone)) is None
+
+
+def test_nothing_is_re_sized_past_the_deadline():
+    instance = _one_device((0.7, 0.9))
+    plan = _cached(instance, {0: 0.7}).validate(instance)
+    assert resize_caches(instance, get_oracle("torchrec"), plan, deadline=time.monotonic() - 1) is None
 
 
 @examples(20)
@@ -172,6 +183,14 @@ def test_plan_hands_over_the_resized_plan_certified_as_the_plan_on_the_grid(tmp_
     record = json.loads(out.read_text())
     report = record.get("report", record)
     assert report["grid_objective"] == pytest.approx(result.grid_objective)
+    # Asked to keep the grid, from Python and the command line alike: the plan on the grid, certified as is.
+    kept = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"], resize_caches=False)
+    assert kept.grid_objective is None and kept.objective == pytest.approx(result.grid_objective)
+    assert kept.plan.tables[0].cache_load_factor <= 0.7
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "2", "--solvers", "cpsat", "--grid-caches",
+                 "-o", str(out)]) == 0
+    assert "re-sized" not in capsys.readouterr().out
+    assert load_plan(out, instance).tables[0].cache_load_factor == kept.plan.tables[0].cache_load_factor
 
 
 def test_a_replan_keeps_its_cache_sizes():
@@ -182,6 +201,7 @@ def test_a_replan_keeps_its_cache_sizes():
 
     instance, oracle = _short_of_hbm(), get_oracle("torchrec")
     plan = _cached(instance, {0: 0.7}).validate(instance)
-    assert resized_caches(Problem(instance, oracle), plan, oracle.plan_cost(instance, plan)) is not None
+    cost = oracle.plan_cost(instance, plan)
+    assert resized_caches(Problem(instance, oracle), plan, cost, np.inf) is not None
     previous = previous_plan(instance, {"t0": plan.tables[0]})
-    assert resized_caches(Problem(instance, oracle, previous=previous), plan, oracle.plan_cost(instance, plan)) is None
+    assert resized_caches(Problem(instance, oracle, previous=previous), plan, cost, np.inf) is None

@@ -115,6 +115,17 @@ def test_price_solves_the_lp_once_for_the_members_bounded_by_it(monkeypatch):
     import solvers.bounds as bounds
 
     instance = _split()
+    # The pipeline asks for it where a member is bounded by it, and only there.
+    asked, real = [], pipeline.price
+
+    def spy(*args, **kwargs):
+        asked.append(kwargs.get("lp", args[5] if len(args) > 5 else False))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "price", spy)
+    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy",)))
+    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy", "pair-balance")))
+    assert asked == [False, True]
     alone = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False)
     assert "lp_bound" not in alone.problem.candidates.memo
     priced = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False, lp=True)
@@ -126,12 +137,14 @@ def test_price_solves_the_lp_once_for_the_members_bounded_by_it(monkeypatch):
 
     monkeypatch.setattr(bounds, "_lp_bound", again)
     assert bounds.lp_bound(priced.problem.candidates) == solved  # a member forked from here reads it
-    # The pipeline asks for it where a member is bounded by it, and only there.
-    asked = []
-    monkeypatch.setattr(pipeline, "price", lambda *args, **kw: asked.append(args[-1]) or price(*args[:-1], **kw))
-    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy",)))
-    run(PlanRequest(instance, "lookup", budget=1.0, solvers=("split-greedy", "pair-balance")))
-    assert asked == [False, True]
+
+    def out_of_time(candidates, seconds):
+        raise bounds.LPOutOfTime(f"more than {seconds} s")
+
+    # An LP slower than its share of the budget is left to the members that need it, as before.
+    monkeypatch.setattr(bounds, "_lp_bound", out_of_time)
+    late = price(instance, get_oracle("lookup"), Budget(5.0), whole_tables=False, lp=True)
+    assert "lp_bound" not in late.problem.candidates.memo
 
 
 def test_race_and_certify_keep_the_best_validated_plan_and_break_ties_by_entry_order():
