@@ -15,6 +15,7 @@ from instances.memory import HBM
 from instances.pieces import Pieces
 
 from .base import past
+from .candidates import counted_storage
 
 # Load factors a re-sized cache may take: the multiples of this step in (0, 1] (and the one it had), or, where
 # more than MAX_VARIANTS pieces would be priced, of a coarser step.
@@ -30,10 +31,9 @@ def resizable(instance: Instance, pieces: Pieces) -> np.ndarray:
 
 
 def _priced(instance: Instance, oracle: Oracle, pieces: Pieces) -> tuple[np.ndarray, np.ndarray]:
-    """Each piece's cost and its bytes per tier, as the solvers count them (candidates.storage's rule)."""
+    """Each piece's cost and its bytes per tier, as the solvers count them."""
     priced = oracle.bind(instance, pieces)
-    storage = priced.storage if not oracle.own_memory else np.maximum(priced.storage, pieces.storage(instance))
-    return np.asarray(priced.costs, dtype=float), storage
+    return np.asarray(priced.costs, dtype=float), counted_storage(instance, pieces, priced, oracle.own_memory)
 
 
 def _variants(pieces: Pieces, chosen: np.ndarray, factors: np.ndarray) -> Pieces:

@@ -143,6 +143,14 @@ def replan_options(instance: Instance, options: list[Option], previous: Previous
     return [o for t in range(instance.num_tables) for o in by_table.get(t, [])]
 
 
+def counted_storage(instance: Instance, pieces: Pieces, priced: Priced, oracle_counts_memory: bool) -> np.ndarray:
+    """Per piece, its bytes in each tier as solvers place by: the oracle's count (`priced`), and where the
+    oracle counts memory its own way, the larger of that and the instance's, tier by tier."""
+    if not oracle_counts_memory:
+        return priced.storage
+    return np.maximum(priced.storage, pieces.storage(instance))
+
+
 @dataclass(eq=False)
 class Candidates:
     instance: Instance
@@ -259,10 +267,7 @@ class Candidates:
         """Per piece, its bytes in each tier (pieces × 2): the instance's rule, and where the oracle counts
         memory its own way, the larger of the two, tier by tier — the one rule solvers place by, so that
         every plan they build fits both the instance (validation) and the oracle's own count."""
-        own = self.priced.storage
-        if not self.oracle_counts_memory:
-            return own
-        return np.maximum(own, self.options.pieces.storage(self.instance))
+        return counted_storage(self.instance, self.options.pieces, self.priced, self.oracle_counts_memory)
 
     @cached_property
     def single_costs(self) -> np.ndarray:
