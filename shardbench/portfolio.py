@@ -222,8 +222,9 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
 def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Plan, float] | None:
     """The plan with its caches re-sized off the grid of load factors (solvers.cache_sizes, by `deadline`),
     validated on every tier (the instance's count and the oracle's own) and priced, with its cost, where that
-    is lower; None elsewhere and in a replan, whose options keep each old table's cache. A re-sized plan that
-    fails validation is a defect of the re-sizing: it is logged and the plan on the grid handed over."""
+    is lower; None elsewhere and in a replan (by default each old table keeps its option, cache included, as
+    TorchRec's reshard keeps it). A re-sized plan that fails validation is a defect of the re-sizing: it is
+    logged and the plan on the grid handed over."""
     if problem.previous is not None:
         return None
     resized = resize_caches(problem.instance, problem.oracle, plan, deadline)
