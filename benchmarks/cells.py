@@ -96,8 +96,7 @@ def execute_cell(cell: Cell) -> dict:
     instance = cell.planned_instance
     start = time.perf_counter()
     # The pipeline's price stage, as `plan` prices: the clock starts there, and the solver reads its prices.
-    info = get_solver(cell.solver)
-    priced = price(instance, oracle, Budget(cell.time_limit), whole_tables=not info.splits, lp=info.lp_bounded)
+    priced = price(instance, oracle, Budget(cell.time_limit), whole_tables=not get_solver(cell.solver).splits)
     result = run_solver(cell.solver, instance, oracle, priced.clock, cell.seed, problem=priced.problem)
     elapsed = time.perf_counter() - start
     # A bound proved under the guiding oracle says nothing about the judge's costs.
