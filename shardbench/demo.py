@@ -166,9 +166,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"  (best: {ours.solver})")
     if theirs is not None:
         print(f"  {comparison(theirs, ours.objective)}")
-    if ours.grid_objective is not None:
-        print(f"  caches re-sized off the grid of load factors: {ours.grid_objective:.6g} -> {ours.objective:.6g} "
-              f"({ours.objective / ours.grid_objective - 1:+.2%})")
+    if ours.resized_line is not None:
+        print(f"  {ours.resized_line}")
     if ours.bound is not None:
         print(f"certificate: over the enumerated options no plan costs less than {ours.bound:.6g} {oracle.unit}; "
               f"ours {'before its caches were re-sized ' if ours.grid_objective is not None else ''}"

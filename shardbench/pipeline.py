@@ -298,9 +298,8 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               "  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()),
               "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
               + _load_factors(result)]
-    if result.grid_objective is not None:
-        lines.append(f"  caches re-sized off the grid of load factors: max device cost {result.grid_objective:.6g}"
-                     f" -> {result.objective:.6g} ({result.objective / result.grid_objective - 1:+.2%})")
+    if result.resized_line is not None:
+        lines.append(f"  {result.resized_line}")
     gap = result.gap
     over = optimal_over(instance, request.previous)
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""

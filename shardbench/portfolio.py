@@ -128,6 +128,14 @@ class PortfolioResult:
             return None
         return gap_to_bound(objective, self.bound)
 
+    @property
+    def resized_line(self) -> str | None:
+        """What re-sizing the caches did, for people (None where they were not re-sized)."""
+        if self.grid_objective is None:
+            return None
+        return (f"caches re-sized off the grid of load factors: max device cost {self.grid_objective:.6g} -> "
+                f"{self.objective:.6g} ({self.objective / self.grid_objective - 1:+.2%})")
+
 
 def optimal_over(instance: Instance, previous: Previous | None = None) -> str:
     """What a bound of the problem as posed, and so a gap or a proven optimum, is over: cache load factors
@@ -209,11 +217,11 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
     bound = min(bound, objective) if bound is not None else None
-    resized, grid_objective = None, None
+    grid_objective = None
     if resize is not None:
         resized = resized_caches(problem, plan, objective, max(resize.deadline(), time.monotonic() + RESIZE_FLOOR_S))
-    if resized is not None:
-        (plan, objective), grid_objective = resized, objective
+        if resized is not None:
+            (plan, objective), grid_objective = resized, objective
     wall = resize.elapsed() if resize is not None else race.wall_s
     return PortfolioResult(plan, best.solver, objective, bound, wall, members, race.stopped, skipped, pricing,
                            moved_bytes=moved, grid_objective=grid_objective)
