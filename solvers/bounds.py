@@ -11,6 +11,8 @@ options (table-wise alone is the special case with one option per table):
 - moves (a replan keeping every old table's option, within a move budget): see `move_bound`."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from .candidates import Candidates
@@ -223,24 +225,72 @@ def solve_lp_within(candidates: Candidates, seconds: float) -> None:
             pass
 
 
+@dataclass(frozen=True)
+class LPColumns:
+    """What the LP over options reads of each option it may choose (a column): its table, its total work, its
+    largest piece, its bytes per tier; for a pinned option the least it puts on any device (`floor`) and, where
+    the model stays small (`profiles`), what it puts on each device (cost, columns × K; bytes, columns × K × 2)."""
+
+    table: np.ndarray
+    work: np.ndarray
+    biggest: np.ndarray
+    storage: np.ndarray
+    pinned: np.ndarray
+    floor: np.ndarray
+    profiles: tuple[np.ndarray, np.ndarray] | None
+
+    @classmethod
+    def of(cls, candidates: Candidates, ids: np.ndarray) -> "LPColumns":
+        """The columns of options `ids`, as the candidates price them."""
+        ids = np.asarray(ids, dtype=np.int64)
+        table = np.array([candidates.options.options[o].table for o in ids], dtype=np.int64)
+        pinned = np.array([candidates.placement(int(o)) == "pinned" for o in ids], dtype=bool)
+        cost = [candidates.device_profile(int(o), candidates.priced.costs) for o in ids[pinned]]
+        floor = np.zeros(ids.size)
+        floor[pinned] = [c.min() for c in cost]
+        profiles = None
+        if pinned.sum() * candidates.num_devices <= LP_PER_DEVICE_NONZEROS:
+            k = candidates.num_devices
+            profiles = (np.stack(cost) if cost else np.zeros((0, k)), np.stack(
+                [candidates.device_profile(int(o), candidates.storage) for o in ids[pinned]]) if cost else
+                np.zeros((0, k, 2), dtype=np.int64))
+        return cls(table, candidates.work[ids], candidates.biggest[ids], candidates.total_storage[ids], pinned,
+                   floor, profiles)
+
+    def __add__(self, other: "LPColumns") -> "LPColumns":
+        profiles = None
+        if self.profiles is not None and other.profiles is not None:
+            k = self.profiles[0].shape[1]
+            if (self.pinned.sum() + other.pinned.sum()) * k <= LP_PER_DEVICE_NONZEROS:
+                profiles = tuple(np.concatenate([a, b]) for a, b in zip(self.profiles, other.profiles))
+        return LPColumns(*(np.concatenate([getattr(self, f), getattr(other, f)]) for f in
+                           ("table", "work", "biggest", "storage", "pinned", "floor")), profiles)
+
+
 def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float | None:
-    """The LP relaxation of choosing one option per table (HiGHS via scipy), or None when it is
-    infeasible (then no plan fits either). Rows: one option per table; K·z ≥ total work; z ≥ each table's
-    largest piece; total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model
-    stays small, z ≥ what pinned options put on each device and each device's bytes from them ≤ capacity
-    in every tier it has."""
+    """The LP relaxation of choosing one of the live options per table (`lp_over`)."""
+    if any(ids.size == 0 for ids in candidates.by_table):
+        return None
+    return lp_over(candidates, LPColumns.of(candidates, np.flatnonzero(candidates.live)), time_limit)
+
+
+def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None = None) -> float | None:
+    """The LP relaxation of choosing one column per table (HiGHS via scipy), or None when it is infeasible
+    (then no plan fits either). Rows: one column per table; K·z ≥ total work; z ≥ each table's largest piece;
+    total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model stays small,
+    z ≥ what pinned columns put on each device and each device's bytes from them ≤ capacity in every tier it
+    has. Any columns whose values lie at or below an option's (or a mix of them, below what any value of a
+    hidden parameter gives) keep it a bound."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix, vstack
 
     k = candidates.num_devices
     capacity = candidates.instance.topology.capacity.as_array()
     tiers = [int(t) for t in np.flatnonzero(capacity > 0)]
-    if any(ids.size == 0 for ids in candidates.by_table):
-        return None
-    live = np.flatnonzero(candidates.live)
-    index = {int(o): i for i, o in enumerate(live)}
-    n_vars = live.size + 2  # y per live option, then w (the pinned floor), then z
-    work = candidates.work[live]
+    n = columns.table.size
+    assert np.unique(columns.table).size == candidates.instance.num_tables, "a table without a column"
+    n_vars = n + 2  # y per column, then w (the pinned floor), then z
+    work = columns.work
     scale = max(work.sum() / k, 1e-300)
     rows, cols, vals, rhs = [], [], [], []
 
@@ -251,33 +301,35 @@ def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float 
         vals.extend(values)
         rhs.append(bound)
 
-    add_row(list(range(live.size)) + [n_vars - 1], list(work / scale) + [-float(k)], 0.0)
-    pinned = [int(o) for o in live if candidates.placement(o) == "pinned"]
-    floor = {o: float(candidates.device_profile(o, candidates.priced.costs).min()) / scale for o in pinned}
+    add_row(list(range(n)) + [n_vars - 1], list(work / scale) + [-float(k)], 0.0)
+    pinned = np.flatnonzero(columns.pinned)
+    floor = columns.floor / scale
     # w ≤ Σ_pinned y·(least per-device cost): what pinned options put on every device at least.
-    add_row([index[o] for o in pinned] + [n_vars - 2], [-floor[o] for o in pinned] + [1.0], 0.0)
-    for ids in candidates.by_table:
-        columns = [index[int(o)] for o in ids]
+    add_row(list(pinned) + [n_vars - 2], list(-floor[pinned]) + [1.0], 0.0)
+    order = np.argsort(columns.table, kind="stable")
+    starts = np.flatnonzero(np.r_[True, columns.table[order][1:] != columns.table[order][:-1]])
+    by_table = np.split(order, starts[1:])
+    for ids in by_table:
         # z ≥ Σ_o y·biggest + w − (the table's own pinned floor, already counted in its piece)
-        values = [candidates.biggest[o] / scale - floor.get(int(o), 0.0) for o in ids]
-        add_row(columns + [n_vars - 2, n_vars - 1], values + [1.0, -1.0], 0.0)
+        values = columns.biggest[ids] / scale - floor[ids]
+        add_row(list(ids) + [n_vars - 2, n_vars - 1], list(values) + [1.0, -1.0], 0.0)
     for tier in candidates.binding_tiers:
-        add_row(list(range(live.size)), list(candidates.total_storage[live, tier] / capacity[tier]), float(k))
-    if pinned and len(pinned) * k <= LP_PER_DEVICE_NONZEROS:
-        costs = np.stack([candidates.device_profile(o, candidates.priced.costs) for o in pinned]) / scale
-        memory = np.stack([candidates.device_profile(o, candidates.storage) for o in pinned]) / np.maximum(capacity, 1)
+        add_row(list(range(n)), list(columns.storage[:, tier] / capacity[tier]), float(k))
+    if columns.profiles is not None and pinned.size:
+        costs = columns.profiles[0] / scale
+        memory = columns.profiles[1] / np.maximum(capacity, 1)
         for d in range(k):
-            add_row([index[o] for o in pinned] + [n_vars - 1], list(costs[:, d]) + [-1.0], 0.0)
+            add_row(list(pinned) + [n_vars - 1], list(costs[:, d]) + [-1.0], 0.0)
             for tier in tiers:
-                add_row([index[o] for o in pinned], list(memory[:, d, tier]), 1.0)
+                add_row(list(pinned), list(memory[:, d, tier]), 1.0)
     a_ub = coo_matrix((vals, (rows, cols)), shape=(len(rhs), n_vars)).tocsr()
-    eq_rows = np.concatenate([np.full(ids.size, t) for t, ids in enumerate(candidates.by_table)])
-    eq_cols = np.array([index[int(o)] for ids in candidates.by_table for o in ids])
-    a_eq = coo_matrix((np.ones(eq_cols.size), (eq_rows, eq_cols)), shape=(len(candidates.by_table), n_vars)).tocsr()
+    eq_rows = np.concatenate([np.full(ids.size, t) for t, ids in enumerate(by_table)])
+    eq_cols = np.concatenate(by_table)
+    a_eq = coo_matrix((np.ones(eq_cols.size), (eq_rows, eq_cols)), shape=(len(by_table), n_vars)).tocsr()
     objective = np.zeros(n_vars)
     objective[-1] = 1.0
     result = linprog(objective, A_ub=vstack([a_ub]), b_ub=np.array(rhs), A_eq=a_eq,
-                     b_eq=np.ones(len(candidates.by_table)), bounds=[(0, 1)] * live.size + [(0, None), (0, None)],
+                     b_eq=np.ones(len(by_table)), bounds=[(0, 1)] * n + [(0, None), (0, None)],
                      method="highs", options={} if time_limit is None else {"time_limit": max(time_limit, 1e-3)})
     if result.status == 2:
         return None
