@@ -53,6 +53,13 @@ class Oracle(ABC):
     def bind(self, instance: Instance, pieces: Pieces) -> "Priced":
         return RecomputingPriced(self, instance, pieces)
 
+    def convex_in_load_factor(self, instance: Instance) -> bool:
+        """Whether on `instance` each cached piece's cost is convex and non-increasing in its load factor over
+        [0, 1] (at 0 its limit from above), and its bytes per tier convex in it up to rounding to whole cache
+        slots: what a bound over every load factor rests on (solvers.cache_bound). False unless an oracle
+        knows it of its own formulas."""
+        return False
+
     @abstractmethod
     def price_device(self, instance: Instance, pieces: Pieces, members: Sequence[int]) -> DeviceCost:
         """Cost of one device holding `members` (indices into `pieces`)."""

@@ -10,7 +10,7 @@ import numpy as np
 
 from costmodels.base import AdditiveOracle, AdditivePriced, Priced
 from instances import Instance, InstanceError, Table
-from instances.kernels import KERNELS
+from instances.kernels import FUSED_UVM_CACHING, KERNELS
 from instances.model import SHARDING_TYPES, is_column_cut
 from instances.sharding import column_cuts, row_cuts
 from instances.pieces import Pieces
@@ -201,6 +201,19 @@ class TorchRecOracle(AdditiveOracle):
                 breakdown[p] = (perf.fwd_compute, perf.bwd_compute + perf.prefetch_compute, perf.fwd_comms,
                                 perf.bwd_comms)
                 storage[p] = stored
+
+    def convex_in_load_factor(self, instance: Instance) -> bool:
+        """TorchRec's formulas price a cached piece a + b / bw(lf) with b ≥ 0 — every compute and copy term is
+        bytes over the kernel's bandwidth, and bw(lf) = lf · HBM bandwidth + (1 − lf) · HBM-to-DDR bandwidth is
+        positive and affine — which is convex, and non-increasing where HBM is the faster; they store an affine
+        function of lf rounded to bytes. Pieces TorchRec's own estimators price (inputs the formulas do not
+        cover, such as cache statistics) promise nothing."""
+        estimates = self._estimates(instance)
+        if estimates.setting.problem is not None or any(p is not None for p in estimates.tables.problem) \
+                or FUSED_UVM_CACHING not in formulas.COVERED_KERNELS:
+            return False
+        leanest, fullest = (estimates.setting.device_bw(FUSED_UVM_CACHING, f) for f in (0.0, 1.0))
+        return 0 < leanest <= fullest
 
     def piece_breakdown(self, instance: Instance, pieces: Pieces) -> np.ndarray:
         return self.bind(instance, pieces).breakdown

@@ -100,6 +100,11 @@ class PortfolioResult:
     # The kept member's plan's cost where its caches were then re-sized off the grid of load factors (None:
     # they were not); the bound covers that grid only, so the certificate is that plan's.
     grid_objective: float | None = None
+    # A bound over every cache load factor in (0, 1] (solvers.cache_bound), which holds for the plan handed over
+    # whether or not its caches were re-sized; None with the reason where there is none.
+    every_lf_bound: float | None = None
+    every_lf_seconds: float = 0.0
+    every_lf_why: str | None = None
 
     @property
     def no_plan_reason(self) -> str | None:
@@ -127,6 +132,21 @@ class PortfolioResult:
         if objective is None or self.bound is None:
             return None
         return gap_to_bound(objective, self.bound)
+
+    @property
+    def every_lf_gap(self) -> float | None:
+        """The plan's excess over the bound over every load factor (None where there is none)."""
+        if self.objective is None or self.every_lf_bound is None:
+            return None
+        return gap_to_bound(self.objective, self.every_lf_bound)
+
+    @property
+    def every_lf_line(self) -> str | None:
+        """The certificate over every load factor, for people (None where the plan keeps no open cache)."""
+        if self.every_lf_bound is not None:
+            return (f"over every cache load factor in (0, 1]: gap {self.every_lf_gap:.4%} to the bound "
+                    f"{self.every_lf_bound:.6g} ({self.every_lf_seconds:.1f} s)")
+        return f"over every cache load factor in (0, 1]: no bound ({self.every_lf_why})" if self.every_lf_why else None
 
     @property
     def resized_line(self) -> str | None:

@@ -20,6 +20,9 @@ from .candidates import Candidates
 LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-device rows of pinned options
 PACKING_STEPS = 30                  # bisection steps of the packing bound (its precision: 2^-30 of its bracket)
 PACKING_EPSILONS = (0.1, 0.2, 0.3, 0.4)  # the dual feasible functions U^ε the packing bound tries besides x
+# Where the bound is the Lagrangian of HiGHS's duals (`lp_over`'s `safe`), they are asked to this precision: at
+# HiGHS's defaults the duals it returned on curves of load factors cost that bound up to 2·10⁻⁴.
+SAFE_TOLERANCES = {"dual_feasibility_tolerance": 1e-10, "primal_feasibility_tolerance": 1e-10}
 MANY_PIECES = 16                    # options with more pieces are valued from their total alone (below)
 # Weights λ of cost against memory the packing bound tries (λ·cost + (1 − λ)·memory): which weight proves
 # the most depends on how dearly an oracle prices the bytes a table moves out of HBM, so one fixed 0.5
@@ -274,13 +277,16 @@ def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float 
     return lp_over(candidates, LPColumns.of(candidates, np.flatnonzero(candidates.live)), time_limit)
 
 
-def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None = None) -> float | None:
+def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None = None,
+            safe: bool = False) -> float | None:
     """The LP relaxation of choosing one column per table (HiGHS via scipy), or None when it is infeasible
     (then no plan fits either). Rows: one column per table; K·z ≥ total work; z ≥ each table's largest piece;
     total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model stays small,
     z ≥ what pinned columns put on each device and each device's bytes from them ≤ capacity in every tier it
     has. Any columns whose values lie at or below an option's (or a mix of them, below what any value of a
-    hidden parameter gives) keep it a bound."""
+    hidden parameter gives) keep it a bound. HiGHS stops within its tolerances, which on many near-equal
+    columns left its optimum up to 2·10⁻⁴ above the LP's; `safe` returns instead the Lagrangian bound of the
+    duals it returns (`_lagrangian`), which holds whatever their error."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix, vstack
 
@@ -330,12 +336,30 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     objective[-1] = 1.0
     result = linprog(objective, A_ub=vstack([a_ub]), b_ub=np.array(rhs), A_eq=a_eq,
                      b_eq=np.ones(len(by_table)), bounds=[(0, 1)] * n + [(0, None), (0, None)],
-                     method="highs", options={} if time_limit is None else {"time_limit": max(time_limit, 1e-3)})
+                     method="highs", options=(SAFE_TOLERANCES if safe else {}) | (
+                         {} if time_limit is None else {"time_limit": max(time_limit, 1e-3)}))
     if result.status == 2:
         return None
     if result.status == 1 and time_limit is not None:
         raise LPOutOfTime(f"the LP relaxation took more than {time_limit:.2f} s")
     if result.status != 0:
         raise RuntimeError(f"LP relaxation failed: {result.message}")
+    value = result.fun
+    if safe:
+        most_floor = sum(float(floor[ids].max()) for ids in by_table)
+        value = _lagrangian(result, objective, a_ub, np.array(rhs), a_eq, np.ones(len(by_table)),
+                            np.r_[np.ones(n), most_floor, 2 * result.fun])
     # HiGHS holds rows to ~1e-9 of the scaled load: give that back so the bound stays below the optimum.
-    return float(result.fun * scale * (1 - 1e-7))
+    return float(value * scale * (1 - 1e-7))
+
+
+def _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper: np.ndarray) -> float:
+    """min c·x over 0 ≤ x ≤ `upper` of the Lagrangian c·x + λ·(A_ub x − b_ub) + μ·(A_eq x − b_eq), with λ ≥ 0
+    and μ from HiGHS's marginals: at most c·x at any feasible x in the box, so a lower bound on the LP (and on
+    any plan) whatever the duals' error. The box holds every feasible point but the makespan's, capped at
+    twice HiGHS's optimum; a plan above that cap is above the bound returned (at most the cap) too."""
+    lam = np.maximum(-result.ineqlin.marginals, 0.0)
+    mu = -result.eqlin.marginals
+    reduced = objective + a_ub.T @ lam + a_eq.T @ mu
+    value = float(np.minimum(0.0, reduced * upper).sum() - lam @ b_ub - mu @ b_eq)
+    return min(value, float(upper[-1]))

@@ -1,0 +1,167 @@
+"""A lower bound over every cache load factor in (0, 1], not only the few the options offer: the LP over options
+(solvers.bounds.lp_over) with each cached layout's grid options replaced by points along its whole load-factor
+range, lowered so that a mix of two neighbouring points never lies above what a load factor between them costs or
+stores. It holds where the oracle's cost is convex in the load factor and its bytes convex up to rounding
+(`Oracle.convex_in_load_factor`), and so certifies plans whose caches are re-sized off the grid
+(solvers.cache_sizes) and peers' plans that size caches their own way."""
+from __future__ import annotations
+
+import numpy as np
+
+from costmodels import Oracle
+from instances.kernels import FUSED_UVM_CACHING
+from instances.memory import CACHE_STATE_BYTES_PER_SLOT
+from instances.pieces import Pieces
+
+from .bounds import LP_PER_DEVICE_NONZEROS, LPColumns, lp_over
+from .candidates import Candidates, counted_storage
+
+# The load factors each cached layout is priced at: POINTS from 0 to 1, spaced evenly in log(1 + SPREAD · lf).
+# Any spacing keeps the bound valid; this one makes the lowering (`lowered`) lose about the same share of a
+# cache's cost on every step where that cost is b / (1 + SPREAD · lf) — TorchRec's, with its default HBM
+# bandwidth 28 times its HBM-to-DDR bandwidth — whose curvature is greatest at small load factors.
+SPREAD = 27.0
+POINTS = 128
+# Bytes a piece's count may stray from a convex function of the load factor, in cache slots (a row and its
+# bookkeeping): our storage count rounds a cache up to whole slots, TorchRec's its shares to whole bytes, and
+# the lowering may amplify that a few times.
+ROUNDING_SLOTS = 4
+COST_ROUNDING = 1e-9  # relative float error of a priced cost
+
+
+def load_factor_points(points: int = POINTS) -> np.ndarray:
+    return np.expm1(np.linspace(0.0, np.log1p(SPREAD), points)) / SPREAD
+
+
+def lowered(x: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Values at sorted points `x` (points × functions) of functions convex on [x₀, x_last], lowered so that the
+    line between two neighbouring lowered values lies under the function between their points.
+
+    On a step [a, b], a convex function lies above both neighbouring chords extended (through the points before
+    a, and after b), so it dips below its own chord at most by the chord's height over the larger of those two
+    lines, greatest where they cross; each point is lowered by the larger dip of its two steps."""
+    x = np.asarray(x, dtype=float)
+    g = np.asarray(values, dtype=float)
+    if x.size < 3:
+        raise ValueError("lowering a convex function needs at least three points")
+    a, b = x[:-1, None], x[1:, None]
+    ga, gb = g[:-1], g[1:]
+    chord_slope = (gb - ga) / (b - a)
+    # Slopes of the lines through each step's outer neighbours (none before the first step, after the last).
+    left = np.full_like(ga, np.nan)
+    left[1:] = (g[1:-1] - g[:-2]) / (x[1:-1] - x[:-2])[:, None]
+    right = np.full_like(ga, np.nan)
+    right[:-1] = (g[2:] - g[1:-1]) / (x[2:] - x[1:-1])[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cross = np.where(left == right, a, (gb - ga - right * b + left * a) / (left - right))
+    cross = np.clip(np.where(np.isnan(left), a, np.where(np.isnan(right), b, cross)), a, b)
+    chord = ga + chord_slope * (cross - a)
+    line_left = np.where(np.isnan(left), -np.inf, ga + np.nan_to_num(left) * (cross - a))
+    line_right = np.where(np.isnan(right), -np.inf, gb + np.nan_to_num(right) * (cross - b))
+    dip = np.maximum(chord - np.maximum(line_left, line_right), 0.0)
+    drop = np.zeros_like(g)
+    drop[:-1] = dip
+    drop[1:] = np.maximum(drop[1:], dip)
+    return g - drop
+
+
+def open_caches(candidates: Candidates) -> dict[tuple, list[int]]:
+    """The cached layouts whose load factor the instance leaves open — (table, sharding type, pieces) — each with
+    its options (live or not: an option pruned at one load factor may be the best at another)."""
+    families: dict[tuple, list[int]] = {}
+    tables = candidates.instance.tables
+    for o, option in enumerate(candidates.options.options):
+        if option.kernel == FUSED_UVM_CACHING and tables[option.table].cache_load_factor is None:
+            families.setdefault((option.table, option.sharding_type, option.parts), []).append(o)
+    return families
+
+
+def every_load_factor_bound(candidates: Candidates, oracle: Oracle, points: int = POINTS,
+                            time_limit: float | None = None) -> float | None:
+    """The LP bound over plans whose caches take any load factor in (0, 1] (solved once per candidates); None
+    where the oracle does not promise the convexity it rests on, in a replan, or where the LP is infeasible
+    (then no plan fits). A table whose load factor the instance fixes keeps it. Raises bounds.LPOutOfTime past
+    `time_limit`."""
+    key = ("every_load_factor_bound", points)
+    if key not in candidates.memo:
+        candidates.memo[key] = _bound(candidates, oracle, points, time_limit)
+    return candidates.memo[key]
+
+
+def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: float | None) -> float | None:
+    instance = candidates.instance
+    if candidates.moves is not None or not oracle.additive or not oracle.convex_in_load_factor(instance):
+        return None
+    families = open_caches(candidates)
+    cached = np.zeros(len(candidates.options.options), dtype=bool)
+    for ids in families.values():
+        cached[ids] = True
+    grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
+    if not families:
+        return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
+    curve = _curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
+    return lp_over(candidates, grid + curve, time_limit, safe=True)
+
+
+def _curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int], x: np.ndarray) -> LPColumns:
+    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`)."""
+    instance, options = candidates.instance, candidates.options
+    members = [options.members(o) for o in layouts]
+    sizes = np.array([m.size for m in members])
+    base = np.concatenate(members)
+    at = np.tile(base, x.size)
+    source = options.pieces
+    pieces = Pieces.of(*(getattr(source, f)[at] for f in ("table", "kind", "row_start", "row_end", "col_start",
+                                                          "col_end", "kernel")),
+                       load_factor=np.repeat(x, base.size))
+    priced = oracle.bind(instance, pieces)
+    cost = np.asarray(priced.costs, dtype=float).reshape(x.size, base.size)
+    stored = counted_storage(instance, pieces, priced, oracle.own_memory).reshape(x.size, base.size, 2)
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    dtype = np.array([t.dtype_bytes for t in instance.tables], dtype=np.int64)[source.table[base]]
+    slot = source.width[base] * dtype + CACHE_STATE_BYTES_PER_SLOT
+    slack = ROUNDING_SLOTS * np.add.reduceat(slot, starts).astype(float)
+
+    def low_cost(values: np.ndarray) -> np.ndarray:
+        return lowered(x, values) - COST_ROUNDING * np.abs(values)
+
+    work = low_cost(np.add.reduceat(cost, starts, axis=1))
+    biggest = low_cost(np.maximum.reduceat(cost, starts, axis=1))
+    storage = np.stack([lowered(x, np.add.reduceat(stored[:, :, t], starts, axis=1).astype(float)) - slack
+                        for t in range(2)], axis=-1)
+    n, f, k = x.size, len(layouts), candidates.num_devices
+    table = np.tile([options.options[o].table for o in layouts], n)
+    pinned_layout = np.array([candidates.placement(o) == "pinned" for o in layouts], dtype=bool)
+    pinned = np.tile(pinned_layout, n)
+    floor = np.zeros((n, f))
+    profiles = None
+    if pinned_layout.any():
+        profile_cost = np.zeros((n, f, k))
+        profile_bytes = np.zeros((n, f, k, 2))
+        for j in np.flatnonzero(pinned_layout):
+            span = np.arange(starts[j], starts[j] + sizes[j])
+            devices = options.pin[base[span]]
+            for piece, device in zip(span, devices):
+                profile_cost[:, j, device] += cost[:, piece]
+                profile_bytes[:, j, device] += stored[:, piece]
+            # The least any device gets falls with the load factor; each point takes the next point's, so
+            # that a mix of two neighbours stays below it anywhere between them.
+            least = profile_cost[:, j].min(axis=1)
+            floor[:, j] = np.r_[least[1:], least[-1]] * (1 - COST_ROUNDING)
+            profile_cost[:, j] = low_cost(profile_cost[:, j])
+            piece_slack = ROUNDING_SLOTS * np.bincount(devices, weights=slot[span], minlength=k)
+            for t in range(2):
+                profile_bytes[:, j, :, t] = lowered(x, profile_bytes[:, j, :, t]) - piece_slack
+        if pinned.sum() * k <= LP_PER_DEVICE_NONZEROS:
+            profiles = (profile_cost[:, pinned_layout].reshape(-1, k),
+                        profile_bytes[:, pinned_layout].reshape(-1, k, 2))
+    # A piece too large for a device never sits on one: each layout's points stop at the first load factor at
+    # which one of its pieces no longer fits (kept, for the load factors between it and the last that fits).
+    capacity = instance.topology.capacity.as_array()
+    unfit = np.maximum.reduceat((stored > capacity).any(axis=2), starts, axis=1)
+    keep = (np.cumsum(unfit, axis=0) - unfit == 0) & ~unfit[:1]
+    keep = keep.reshape(-1)
+    if profiles is not None:
+        profiles = tuple(p[keep[pinned]] for p in profiles)
+    return LPColumns(table[keep], work.reshape(-1)[keep], biggest.reshape(-1)[keep], storage.reshape(-1, 2)[keep],
+                     pinned[keep], floor.reshape(-1)[keep], profiles)
