@@ -16,6 +16,7 @@ instance validation asks too, so that a valid instance gives every table an opti
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -67,9 +68,10 @@ class Option:
         return f"{cut} {self.kernel}" + (f"@{self.load_factor:g}" if self.load_factor is not None else "")
 
 
-def kernel_choices(instance: Instance, table_index: int, sharding_type: str) -> list[tuple[str, float | None]]:
+def kernel_choices(instance: Instance, table_index: int, sharding_type: str,
+                   extra: tuple[float, ...] = ()) -> list[tuple[str, float | None]]:
     """(kernel, load factor) pairs a table may take under a sharding type: each allowed kernel, a cached one
-    at each of the table's load factors (the grid and the bends of its access curve)."""
+    at each of the table's load factors (the grid, the bends of its access curve and any `extra` ones)."""
     from .access import access_curve
 
     table = instance.tables[table_index]
@@ -77,22 +79,23 @@ def kernel_choices(instance: Instance, table_index: int, sharding_type: str) -> 
     for kernel in instance.allowed_kernels(table, sharding_type):
         if kernel == FUSED_UVM_CACHING:
             fixed = table.cache_load_factor
-            factors = (fixed,) if fixed is not None else load_factor_choices(access_curve(table).bends())
+            factors = (fixed,) if fixed is not None else load_factor_choices((*access_curve(table).bends(), *extra))
             choices += [(kernel, f) for f in factors]
         else:
             choices.append((kernel, None))
     return choices
 
 
-def enumerate_options(instance: Instance) -> list[Option]:
+def enumerate_options(instance: Instance, load_factors: Mapping[int, tuple[float, ...]] | None = None) -> list[Option]:
     """Every option of every table, tables in order, table-wise first where allowed, then each cut with
-    each kernel (HBM first)."""
+    each kernel (HBM first); a table in `load_factors` offers its cache those load factors too."""
     options = []
+    extra = load_factors or {}
     for t, table in enumerate(instance.tables):
         allowed = instance.allowed_types(table)
         options += [Option(t, kind, parts, kernel, load_factor) for kind in SHARDING_TYPES if kind in allowed
                     for parts in option_parts(kind, table.dim, instance.topology)
-                    for kernel, load_factor in kernel_choices(instance, t, kind)]
+                    for kernel, load_factor in kernel_choices(instance, t, kind, extra.get(t, ()))]
     return options
 
 

@@ -278,7 +278,7 @@ def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float 
 
 
 def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None = None,
-            safe: bool = False) -> float | None:
+            safe: bool = False, solution: list | None = None) -> float | None:
     """The LP relaxation of choosing one column per table (HiGHS via scipy), or None when it is infeasible
     (then no plan fits either). Rows: one column per table; K·z ≥ total work; z ≥ each table's largest piece;
     total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model stays small,
@@ -344,6 +344,8 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
         raise LPOutOfTime(f"the LP relaxation took more than {time_limit:.2f} s")
     if result.status != 0:
         raise RuntimeError(f"LP relaxation failed: {result.message}")
+    if solution is not None:
+        solution.append(result.x[:n])
     value = result.fun
     if safe:
         most_floor = sum(float(floor[ids].max()) for ids in by_table)

@@ -99,12 +99,14 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
     if not families:
         return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
-    curve = _curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
+    curve, _ = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
     return lp_over(candidates, grid + curve, time_limit, safe=True)
 
 
-def _curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int], x: np.ndarray) -> LPColumns:
-    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`)."""
+def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
+                  x: np.ndarray) -> tuple[LPColumns, np.ndarray]:
+    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`), and
+    the load factor of each column."""
     instance, options = candidates.instance, candidates.options
     members = [options.members(o) for o in layouts]
     sizes = np.array([m.size for m in members])
@@ -163,5 +165,6 @@ def _curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int], x
     keep = keep.reshape(-1)
     if profiles is not None:
         profiles = tuple(p[keep[pinned]] for p in profiles)
-    return LPColumns(table[keep], work.reshape(-1)[keep], biggest.reshape(-1)[keep], storage.reshape(-1, 2)[keep],
-                     pinned[keep], floor.reshape(-1)[keep], profiles)
+    columns = LPColumns(table[keep], work.reshape(-1)[keep], biggest.reshape(-1)[keep],
+                        storage.reshape(-1, 2)[keep], pinned[keep], floor.reshape(-1)[keep], profiles)
+    return columns, np.repeat(x, f)[keep]

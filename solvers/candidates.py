@@ -14,6 +14,7 @@ Ties keep the option enumerated first. Pruning never removes the last option of 
 over the pruned set is an optimum over all options."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 
@@ -60,13 +61,16 @@ class Problem:
     oracle: Oracle
     sealed: bool = False
     previous: Previous | None = None  # a replan's previous plan and move budget (None: plan afresh)
+    # Per table, load factors its cache is offered beside the grid's (instances.options.enumerate_options).
+    load_factors: Mapping[int, tuple[float, ...]] | None = None
 
     @classmethod
     def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
-               previous: Previous | None = None) -> "Problem":
+               previous: Previous | None = None,
+               load_factors: Mapping[int, tuple[float, ...]] | None = None) -> "Problem":
         """The problem with its options priced (and, for solvers of whole tables, its whole-table
         restriction with its options and table-wise pieces priced too), sealed."""
-        problem = cls(instance, oracle, previous=previous)
+        problem = cls(instance, oracle, previous=previous, load_factors=load_factors)
         problem.candidates
         if whole_tables:
             problem.whole_tables.candidates
@@ -83,7 +87,7 @@ class Problem:
     @cached_property
     def candidates(self) -> "Candidates":
         self._price("the sharding options")
-        return Candidates.build(self.instance, self.oracle, self.previous)
+        return Candidates.build(self.instance, self.oracle, self.previous, self.load_factors)
 
     @cached_property
     def table_wise(self) -> Priced:
@@ -123,7 +127,8 @@ class Problem:
         if not self.instance.allows_splits:
             return self
         self._price("the whole-table restriction")
-        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous)
+        return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous,
+                       load_factors=self.load_factors)
 
 
 def replan_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:
@@ -163,9 +168,11 @@ class Candidates:
     moves: Moves | None = None          # what each piece moves from a replan's previous plan, per device
 
     @classmethod
-    def build(cls, instance: Instance, oracle: Oracle, previous: Previous | None = None) -> "Candidates":
-        options = OptionPieces.build(instance, enumerate_options(instance) if previous is None else
-                                     replan_options(instance, enumerate_options(instance), previous))
+    def build(cls, instance: Instance, oracle: Oracle, previous: Previous | None = None,
+              load_factors: Mapping[int, tuple[float, ...]] | None = None) -> "Candidates":
+        enumerated = enumerate_options(instance, load_factors)
+        options = OptionPieces.build(instance, enumerated if previous is None else
+                                     replan_options(instance, enumerated, previous))
         priced = oracle.bind(instance, options.pieces)
         candidates = cls(instance, options, priced, np.ones(len(options.options), dtype=bool), oracle.own_memory)
         if previous is not None:
