@@ -18,7 +18,9 @@ from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, load_backends, memory_infeasibility
 from solvers.bounds import LPOutOfTime, solve_lp_within
-from solvers.cache_bound import every_load_factor_bound
+from solvers.cache_bound import POINTS as CURVE_POINTS
+from solvers.cache_bound import carry_bound, every_load_factor_bound, guided_load_factors, open_caches
+from solvers.candidates import Candidates
 
 from .portfolio import (
     REPLAN_PORTFOLIO,
@@ -47,6 +49,10 @@ LP_SHARE = 0.2  # of the budget, the most the price stage gives the LP over opti
 # budget, at least the floor (pricing its curves comes first: 0.6 s at 80 × 8, 2.7 s at 200 × 16).
 CERTIFY_SHARE = 0.25
 CERTIFY_FLOOR_S = 1.0
+# The load factors the LP over every load factor chooses are found within this share of the budget, where
+# pricing the curves (CURVE_POINTS per cached layout; about this many pieces a second here) takes at most half.
+GUIDE_SHARE = 0.25
+CURVE_PIECES_PER_S = 250_000
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
@@ -108,6 +114,7 @@ class Priced:
     problem: Problem
     clock: Budget
     seconds: float
+    guided: int = 0  # load factors offered beside the grid's (`guided`)
 
 
 @dataclass(frozen=True)
@@ -227,18 +234,43 @@ def runnable(admitted: Admitted, portfolio: tuple[str, ...], net: str = SAFETY_N
 
 
 def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool,
-          previous: Previous | None = None, lp: bool = False) -> Priced:
+          previous: Previous | None = None, lp: bool = False, guide: bool = False) -> Priced:
     """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too;
-    in a replan, what each piece moves from the previous plan — so that every member shares them; with `lp`
-    (some member bounds its plan by it), the LP over those options as well where it takes at most LP_SHARE of
+    in a replan, what each piece moves from the previous plan — so that every member shares them; with `guide`,
+    each cache offered the load factors the LP over every load factor chose too (`guided`); with `lp` (some
+    member bounds its plan by it), the LP over those options as well where it takes at most LP_SHARE of
     the budget, which each such member would otherwise solve again in its own process (3.4 s at 800 × 128 with
     memory tiers) while every member waits for it here. The budget's clock starts now (building the oracle,
     which may load a library, is start-up, not planning)."""
     clock = budget.begun()
-    problem = Problem.priced(instance, oracle, whole_tables, previous)
+    base, factors = guided(instance, oracle, clock) if guide and previous is None else (None, {})
+    problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
+                             candidates=None if factors else base)
+    if base is not None and factors:
+        carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed())
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, factors.values())))
+
+
+def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, dict]:
+    """The options on the grid and, per table, the load factors at which the LP over every load factor caches
+    it (solvers.cache_bound.guided_load_factors), within GUIDE_SHARE of the budget: on tiered tasks at
+    80 × 8 under TorchRec's estimator they took `pair-balance`'s plans up to 1.6 % lower at 10 s
+    (docs/bounds.md). None and none where the oracle does not promise the convexity that LP rests on, no cache
+    is open, pricing the curves would take more than half that share (CURVE_PIECES_PER_S) or the LP the rest."""
+    if not (oracle.additive and instance.uses_host_memory and oracle.convex_in_load_factor(instance)):
+        return None, {}
+    share = GUIDE_SHARE * clock.time_limit
+    base = Candidates.build(instance, oracle)
+    families = open_caches(base)
+    pieces = sum(base.members(ids[0]).size for ids in families.values()) * CURVE_POINTS
+    if not families or pieces / CURVE_PIECES_PER_S > share / 2:
+        return base, {}
+    try:
+        return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3))
+    except LPOutOfTime:
+        return base, {}
 
 
 # ------------------------------------------------------------------ race and certify
@@ -268,8 +300,8 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     plan rated), its caches re-sized off the grid of load factors where `resize` and that lowers it, with the
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
-    return every_load_factor(priced, settle(priced.problem, run, skipped, priced.seconds,
-                                            priced.clock if resize else None))
+    settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
+    return every_load_factor(priced, replace(settled, guided=priced.guided))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -320,7 +352,9 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
     skipped or stopped, and — with a plan — its cost, types, kernels, certificate and, in a replan, the
     bytes it moves."""
     lines = [f"  options priced once in {result.pricing_s:.2f} s" + (
-        ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")]
+        ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")
+        + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
+           "caches tables" if result.guided else "")]
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -343,7 +377,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
     if result.resized_line is not None:
         lines.append(f"  {result.resized_line}")
     gap = result.gap
-    over = optimal_over(instance, request.previous)
+    over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
     lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}{before}"
                  if gap is not None else "  certificate: none (no member proved a bound)")
@@ -371,7 +405,7 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "seed": request.seed, "gap_target": request.gap, "objective": result.objective,
         "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
-        "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
+        "guided_load_factors": result.guided, "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,
@@ -417,7 +451,7 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     load_backends(members)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members), request.previous,
-                   any(get_solver(name).lp_bounded for name in members))
+                   any(get_solver(name).lp_bounded for name in members), request.resize_caches)
     result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped, request.resize_caches),
                      notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):

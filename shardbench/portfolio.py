@@ -103,6 +103,7 @@ class PortfolioResult:
     # A bound over every cache load factor in (0, 1] (solvers.cache_bound), which holds for the plan handed over
     # whether or not its caches were re-sized; None with the reason where there is none.
     every_lf_bound: float | None = None
+    guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
     every_lf_seconds: float = 0.0
     every_lf_why: str | None = None
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from costmodels import Oracle
-from instances.kernels import FUSED_UVM_CACHING
+from instances.kernels import FUSED_UVM_CACHING, LOAD_FACTOR_DIGITS
 from instances.memory import CACHE_STATE_BYTES_PER_SLOT
 from instances.pieces import Pieces
 
@@ -27,6 +27,7 @@ POINTS = 128
 # the lowering may amplify that a few times.
 ROUNDING_SLOTS = 4
 COST_ROUNDING = 1e-9  # relative float error of a priced cost
+GUIDE_WEIGHT = 1e-6  # the least weight on a point of a curve at which the LP is taken to cache a table there
 
 
 def load_factor_points(points: int = POINTS) -> np.ndarray:
@@ -88,7 +89,37 @@ def every_load_factor_bound(candidates: Candidates, oracle: Oracle, points: int 
     return candidates.memo[key]
 
 
-def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: float | None) -> float | None:
+def guided_load_factors(candidates: Candidates, oracle: Oracle, time_limit: float | None = None,
+                        points: int = POINTS) -> dict[int, tuple[float, ...]]:
+    """Per table, the load factors at which the LP over every load factor (`every_load_factor_bound`, solved
+    here and kept) caches it: offered as options beside the grid's, they let a search place the caches the
+    relaxation wants, where the grid's steps leave HBM unused or a cache too small. Empty where there is no
+    such bound. Raises bounds.LPOutOfTime past `time_limit`."""
+    solution: list = []
+    key = ("every_load_factor_bound", points)
+    candidates.memo[key] = _bound(candidates, oracle, points, time_limit, solution)
+    if not solution:
+        return {}
+    x, table, factor = solution
+    wanted: dict[int, set[float]] = {}
+    for j in np.flatnonzero(x > GUIDE_WEIGHT):
+        if 0 < factor[j] < 1:
+            wanted.setdefault(int(table[j]), set()).add(round(float(factor[j]), LOAD_FACTOR_DIGITS))
+    return {t: tuple(sorted(f)) for t, f in sorted(wanted.items())}
+
+
+def carry_bound(source: Candidates, target: Candidates, points: int = POINTS) -> None:
+    """The bound over every load factor computed over `source` kept for `target`, the same problem with more
+    load factors offered: every load factor is every load factor."""
+    key = ("every_load_factor_bound", points)
+    if key in source.memo:
+        target.memo[key] = source.memo[key]
+
+
+def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: float | None,
+           solution: list | None = None) -> float | None:
+    """The bound; where `solution` is given, the LP's weight on each curve column, its table and its load
+    factor appended to it."""
     instance = candidates.instance
     if candidates.moves is not None or not oracle.additive or not oracle.convex_in_load_factor(instance):
         return None
@@ -99,8 +130,12 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
     if not families:
         return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
-    curve, _ = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
-    return lp_over(candidates, grid + curve, time_limit, safe=True)
+    curve, factor = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
+    weights: list = []
+    bound = lp_over(candidates, grid + curve, time_limit, safe=True, solution=weights)
+    if solution is not None and weights:
+        solution += [weights[0][grid.table.size:], curve.table, factor]
+    return bound
 
 
 def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],

@@ -67,10 +67,13 @@ class Problem:
     @classmethod
     def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
                previous: Previous | None = None,
-               load_factors: Mapping[int, tuple[float, ...]] | None = None) -> "Problem":
-        """The problem with its options priced (and, for solvers of whole tables, its whole-table
-        restriction with its options and table-wise pieces priced too), sealed."""
+               load_factors: Mapping[int, tuple[float, ...]] | None = None,
+               candidates: "Candidates | None" = None) -> "Problem":
+        """The problem with its options priced (`candidates` where they already are, and, for solvers of whole
+        tables, its whole-table restriction with its options and table-wise pieces priced too), sealed."""
         problem = cls(instance, oracle, previous=previous, load_factors=load_factors)
+        if candidates is not None:
+            problem.__dict__["candidates"] = candidates  # what the cached property would have built
         problem.candidates
         if whole_tables:
             problem.whole_tables.candidates

@@ -2,11 +2,13 @@
 bound lies under every plan brute force finds with load factors on a fine grid and under the plans of the peers
 that size caches their own way, never above the bound over the grid, and `plan` reports it from Python and the
 command line alike."""
+import dataclasses
 import json
 
 import numpy as np
 import pytest
 from conftest import examples, make_table
+from test_tiers import tiny_tiered_instances
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -19,7 +21,7 @@ from instances.pieces import KIND_CODE, Pieces
 from shardbench.cli import main
 from solvers import Budget, run_solver
 from solvers.bounds import lp_bound
-from solvers.cache_bound import every_load_factor_bound, load_factor_points, lowered
+from solvers.cache_bound import every_load_factor_bound, guided_load_factors, load_factor_points, lowered
 from solvers.candidates import Candidates
 
 TOLERANCE = 1e-9
@@ -168,3 +170,40 @@ def test_a_plan_without_an_open_cache_reports_nothing_over_load_factors():
     instance = _instance(4.0, 1, (2.0, 3.0))
     result = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
     assert result.plan is not None and result.every_lf_line is None
+
+
+@examples(6)
+@given(tiny_tiered_instances())
+def test_the_bound_lies_under_brute_force_over_fine_load_factors_and_under_the_grid_bound(drawn):
+    instance = dataclasses.replace(drawn, sharding_types=("table_wise",)).validate()
+    oracle = get_oracle("torchrec")
+    candidates = Candidates.build(instance, oracle)
+    bound = every_load_factor_bound(candidates, oracle)
+    optimum = _brute_force(instance, oracle)
+    if optimum is None:
+        assert bound is None or lp_bound(candidates) is None or bound <= lp_bound(candidates) * (1 + 1e-7)
+        return
+    assert bound is not None and bound <= optimum * (1 + TOLERANCE)
+    assert bound <= lp_bound(candidates) * (1 + 1e-7)
+
+
+def test_plan_offers_the_load_factors_the_bound_caches_tables_at_and_certifies_over_them(tmp_path, capsys):
+    from test_tiers_peers import _tight
+
+    instance = _tight()
+    oracle = get_oracle("torchrec")
+    wanted = guided_load_factors(Candidates.build(instance, oracle), oracle)
+    assert wanted and all(0 < f < 1 for factors in wanted.values() for f in factors)
+    result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
+    assert result.guided == sum(map(len, wanted.values()))
+    assert result.bound <= (result.grid_objective or result.objective) * (1 + 1e-9)
+    assert result.every_lf_bound <= min(result.bound * (1 + 1e-7), result.objective)
+    # Without them (asked to keep the grid) the plan is on the grid's options alone.
+    kept = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"], resize_caches=False)
+    assert kept.guided == 0 and Candidates.build(instance, oracle).outside(kept.plan) is None
+    path, out = tmp_path / "tight.json", tmp_path / "plan.json"
+    save_instance(instance, path)
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
+    assert "cache load factors beside the grid's" in capsys.readouterr().out
+    report = json.loads(out.read_text()).get("report")
+    assert report["guided_load_factors"] == result.guided
