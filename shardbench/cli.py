@@ -624,8 +624,9 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--seed", type=SEED, default=0, help="seed of the stochastic members")
             question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
             question.add_argument("--grid-caches", action="store_true", help="keep every cache at a load factor "
-                                  "of the options' grid (default: the kept plan's caches are re-sized off it into "
-                                  "the HBM left)")
+                                  "of the options' grid (default: under TorchRec's estimator caches are also offered "
+                                  "the load factors the LP over every load factor picks, and the kept plan's caches "
+                                  "are re-sized off the grid into the HBM left)")
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
                             "old plan (TorchRec's reshard)",

@@ -19,7 +19,13 @@ from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solve
 from solvers.base import incompatibility, load_backends, memory_infeasibility
 from solvers.bounds import LPOutOfTime, solve_lp_within
 from solvers.cache_bound import POINTS as CURVE_POINTS
-from solvers.cache_bound import carry_bound, every_load_factor_bound, guided_load_factors, open_caches
+from solvers.cache_bound import (
+    carry_bound,
+    curve_pieces,
+    every_load_factor_bound,
+    guided_load_factors,
+    has_every_load_factor_bound,
+)
 from solvers.candidates import Candidates
 
 from .portfolio import (
@@ -78,8 +84,9 @@ class PlanRequest:
     included), the gap (a fraction of the bound that stops the search early), the members (None: the
     recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
     types and compute kernels to plan with (None: the instance's), a rules file for the recommender, for a
-    replan the previous plan with its move budget, and whether the kept plan's caches are re-sized off the
-    options' grid of load factors (`resize_caches`; never in a replan)."""
+    replan the previous plan with its move budget, and whether caches may leave the options' grid of load
+    factors (`resize_caches`: offered the load factors the LP over every load factor picks, and the kept
+    plan's re-sized; never in a replan)."""
 
     instance: Instance
     oracle: str
@@ -263,9 +270,8 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
         return None, {}
     share = GUIDE_SHARE * clock.time_limit
     base = Candidates.build(instance, oracle)
-    families = open_caches(base)
-    pieces = sum(base.members(ids[0]).size for ids in families.values()) * CURVE_POINTS
-    if not families or pieces / CURVE_PIECES_PER_S > share / 2:
+    pieces = curve_pieces(base)
+    if not pieces or pieces / CURVE_PIECES_PER_S > share / 2:
         return base, {}
     try:
         return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3))
@@ -321,11 +327,16 @@ def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResul
                                             "the load factor, which the bound rests on")
     started = time.monotonic()
     limit = max(CERTIFY_FLOOR_S, CERTIFY_SHARE * priced.clock.time_limit)
+    if not has_every_load_factor_bound(problem.candidates):
+        pricing = curve_pieces(problem.candidates) / CURVE_PIECES_PER_S
+        if pricing > limit / 2:
+            return replace(result, every_lf_why=f"pricing its curves would take about {pricing:.0f} s, more than "
+                                                f"half of the {limit:.1f} s it may take after a budget of "
+                                                f"{priced.clock.time_limit:g} s")
     try:
         bound = every_load_factor_bound(problem.candidates, problem.oracle, time_limit=limit)
-    except LPOutOfTime:
-        return replace(result, every_lf_why=f"its LP took more than {limit:.1f} s",
-                       every_lf_seconds=time.monotonic() - started)
+    except LPOutOfTime as error:
+        return replace(result, every_lf_why=str(error), every_lf_seconds=time.monotonic() - started)
     seconds = time.monotonic() - started
     if bound is not None and result.objective < bound * (1 - BOUND_SLACK):
         logging.getLogger("shardbench").error("shardbench: the plan (%.9g) lies below the bound over every load "

@@ -61,8 +61,9 @@ class ShardbenchPlanner(ShardingPlanner):
     input batches, reserved on the real model), plus `budget` (seconds), `oracle` (the cost model the
     solvers optimise; `torchrec`, TorchRec's own estimator, by default), `solvers` (default: the recommended
     portfolio), `seed`, `gap` (stop once a plan is certified within this fraction of its bound; default
-    0) and `resize_caches` (re-size the kept plan's caches off the options' grid of load factors; default
-    True; the certificate is the plan's on the grid). After `plan`, `result` holds the PortfolioResult (objective, bound, gap, winning solver, members,
+    0) and `resize_caches` (offer caches the load factors the LP over every load factor picks, and re-size
+    the kept plan's caches off the options' grid of load factors; default True; the certificate over the
+    options is the plan's before re-sizing, the one over every load factor the plan's as handed over). After `plan`, `result` holds the PortfolioResult (objective, bound, gap, winning solver, members,
     notes) and `instance` the instance planned (a table that shares its name with another module's, or has
     a ".", is renamed there after its module's path).
 

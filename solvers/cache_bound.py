@@ -6,6 +6,8 @@ stores. It holds where the oracle's cost is convex in the load factor and its by
 (solvers.cache_sizes) and peers' plans that size caches their own way."""
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from costmodels import Oracle
@@ -13,7 +15,7 @@ from instances.kernels import FUSED_UVM_CACHING, LOAD_FACTOR_DIGITS
 from instances.memory import CACHE_STATE_BYTES_PER_SLOT
 from instances.pieces import Pieces
 
-from .bounds import LP_PER_DEVICE_NONZEROS, LPColumns, lp_over
+from .bounds import LP_PER_DEVICE_NONZEROS, LPColumns, LPOutOfTime, lp_over
 from .candidates import Candidates, counted_storage
 
 # The load factors each cached layout is priced at: POINTS from 0 to 1, spaced evenly in log(1 + SPREAD · lf).
@@ -77,15 +79,20 @@ def open_caches(candidates: Candidates) -> dict[tuple, list[int]]:
     return families
 
 
+def curve_pieces(candidates: Candidates, points: int = POINTS) -> int:
+    """How many pieces pricing the curves of the bound takes (what its time grows with)."""
+    return sum(candidates.members(ids[0]).size for ids in open_caches(candidates).values()) * points
+
+
 def every_load_factor_bound(candidates: Candidates, oracle: Oracle, points: int = POINTS,
                             time_limit: float | None = None) -> float | None:
     """The LP bound over plans whose caches take any load factor in (0, 1] (solved once per candidates); None
     where the oracle does not promise the convexity it rests on, in a replan, or where the LP is infeasible
-    (then no plan fits). A table whose load factor the instance fixes keeps it. Raises bounds.LPOutOfTime past
-    `time_limit`."""
+    (then no plan fits). A table whose load factor the instance fixes keeps it. Raises bounds.LPOutOfTime
+    where pricing the curves and the LP take more than `time_limit`."""
     key = ("every_load_factor_bound", points)
     if key not in candidates.memo:
-        candidates.memo[key] = _bound(candidates, oracle, points, time_limit)
+        candidates.memo[key] = _timed(candidates, points, lambda: _bound(candidates, oracle, points, time_limit))
     return candidates.memo[key]
 
 
@@ -97,7 +104,7 @@ def guided_load_factors(candidates: Candidates, oracle: Oracle, time_limit: floa
     such bound. Raises bounds.LPOutOfTime past `time_limit`."""
     solution: list = []
     key = ("every_load_factor_bound", points)
-    candidates.memo[key] = _bound(candidates, oracle, points, time_limit, solution)
+    candidates.memo[key] = _timed(candidates, points, lambda: _bound(candidates, oracle, points, time_limit, solution))
     if not solution:
         return {}
     x, table, factor = solution
@@ -108,6 +115,11 @@ def guided_load_factors(candidates: Candidates, oracle: Oracle, time_limit: floa
     return {t: tuple(sorted(f)) for t, f in sorted(wanted.items())}
 
 
+def has_every_load_factor_bound(candidates: Candidates, points: int = POINTS) -> bool:
+    """Whether the bound was computed for these candidates already (then asking for it costs nothing)."""
+    return ("every_load_factor_bound", points) in candidates.memo
+
+
 def carry_bound(source: Candidates, target: Candidates, points: int = POINTS) -> None:
     """The bound over every load factor computed over `source` kept for `target`, the same problem with more
     load factors offered: every load factor is every load factor."""
@@ -116,10 +128,23 @@ def carry_bound(source: Candidates, target: Candidates, points: int = POINTS) ->
         target.memo[key] = source.memo[key]
 
 
+def _timed(candidates: Candidates, points: int, solve):
+    """`solve()`, where it ran out of time once for these candidates not tried again: it would again."""
+    late = ("every_load_factor_out_of_time", points)
+    if late in candidates.memo:
+        raise LPOutOfTime(candidates.memo[late])
+    try:
+        return solve()
+    except LPOutOfTime as error:
+        candidates.memo[late] = str(error)
+        raise
+
+
 def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: float | None,
            solution: list | None = None) -> float | None:
     """The bound; where `solution` is given, the LP's weight on each curve column, its table and its load
     factor appended to it."""
+    started = time.monotonic()
     instance = candidates.instance
     if candidates.moves is not None or not oracle.additive or not oracle.convex_in_load_factor(instance):
         return None
@@ -132,7 +157,8 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
         return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
     curve, factor = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
     weights: list = []
-    bound = lp_over(candidates, grid + curve, time_limit, safe=True, solution=weights)
+    left = None if time_limit is None else max(time_limit - (time.monotonic() - started), 1e-3)
+    bound = lp_over(candidates, grid + curve, left, safe=True, solution=weights)
     if solution is not None and weights:
         solution += [weights[0][grid.table.size:], curve.table, factor]
     return bound

@@ -276,9 +276,9 @@ def test_members_still_plan_when_pricing_took_the_whole_budget(tmp_path, monkeyp
 
     priced = Problem.priced.__func__
 
-    def slow(cls, *args):
+    def slow(cls, *args, **kwargs):
         time.sleep(3.0)
-        return priced(cls, *args)
+        return priced(cls, *args, **kwargs)
 
     monkeypatch.setattr(Problem, "priced", classmethod(slow))
     path = tmp_path / "i.json"
