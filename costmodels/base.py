@@ -49,6 +49,9 @@ class Oracle(ABC):
     own_memory: bool = False  # counts memory its own way: its plans must fit that too, not only the instance's
     prices_tiers: bool = False  # prices pieces kept in host memory (fused_uvm, fused_uvm_caching) by their kernel
     costly: bool = False  # building it loads a library or weights (seconds): questions about it ask the class
+    # Prices a piece by its table, sharding type, kernel, load factor and shape alone, not by which of the
+    # table's rows it holds (so pieces of one shape may be priced once).
+    shape_priced: bool = False
 
     def bind(self, instance: Instance, pieces: Pieces) -> "Priced":
         return RecomputingPriced(self, instance, pieces)

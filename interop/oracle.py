@@ -99,6 +99,7 @@ class TorchRecOracle(AdditiveOracle):
     own_memory = True
     prices_tiers = True
     costly = True
+    shape_priced = True  # TorchRec's estimators read a shard's size, never its offset
 
     def __init__(self):
         # Loading torchrec (seconds) is part of building the oracle, before any budget's clock starts.

@@ -58,7 +58,7 @@ CERTIFY_FLOOR_S = 1.0
 # The load factors the LP over every load factor chooses are found within this share of the budget, where
 # pricing the curves (CURVE_POINTS per cached layout; about this many pieces a second here) takes at most half.
 GUIDE_SHARE = 0.25
-CURVE_PIECES_PER_S = 250_000
+CURVE_PIECES_PER_S = 200_000
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
@@ -270,7 +270,7 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
         return None, {}
     share = GUIDE_SHARE * clock.time_limit
     base = Candidates.build(instance, oracle)
-    pieces = curve_pieces(base)
+    pieces = curve_pieces(base, oracle)
     if not pieces or pieces / CURVE_PIECES_PER_S > share / 2:
         return base, {}
     try:
@@ -328,7 +328,7 @@ def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResul
     started = time.monotonic()
     limit = max(CERTIFY_FLOOR_S, CERTIFY_SHARE * priced.clock.time_limit)
     if not has_every_load_factor_bound(problem.candidates):
-        pricing = curve_pieces(problem.candidates) / CURVE_PIECES_PER_S
+        pricing = curve_pieces(problem.candidates, problem.oracle) / CURVE_PIECES_PER_S
         if pricing > limit / 2:
             return replace(result, every_lf_why=f"pricing its curves would take about {pricing:.0f} s, more than "
                                                 f"half of the {limit:.1f} s it may take after a budget of "

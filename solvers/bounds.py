@@ -11,6 +11,7 @@ options (table-wise alone is the special case with one option per table):
 - moves (a replan keeping every old table's option, within a move budget): see `move_bound`."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,6 +24,11 @@ PACKING_EPSILONS = (0.1, 0.2, 0.3, 0.4)  # the dual feasible functions U^ε the 
 # Where the bound is the Lagrangian of HiGHS's duals (`lp_over`'s `safe`), they are asked to this precision: at
 # HiGHS's defaults the duals it returned on curves of load factors cost that bound up to 2·10⁻⁴.
 SAFE_TOLERANCES = {"dual_feasibility_tolerance": 1e-10, "primal_feasibility_tolerance": 1e-10}
+# Generating columns (`lp_over`'s `start`): those priced below -GENERATED_TOLERANCE are added, the most negative
+# GENERATED_BATCH at a time, until the bound is within GENERATED_GAP of the LP over the columns added.
+GENERATED_TOLERANCE = 1e-9
+GENERATED_BATCH = 2_000
+GENERATED_GAP = 1e-6
 MANY_PIECES = 16                    # options with more pieces are valued from their total alone (below)
 # Weights λ of cost against memory the packing bound tries (λ·cost + (1 − λ)·memory): which weight proves
 # the most depends on how dearly an oracle prices the bytes a table moves out of HBM, so one fixed 0.5
@@ -278,7 +284,7 @@ def _lp_bound(candidates: Candidates, time_limit: float | None = None) -> float 
 
 
 def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None = None,
-            safe: bool = False, solution: list | None = None) -> float | None:
+            safe: bool = False, solution: list | None = None, start: np.ndarray | None = None) -> float | None:
     """The LP relaxation of choosing one column per table (HiGHS via scipy), or None when it is infeasible
     (then no plan fits either). Rows: one column per table; K·z ≥ total work; z ≥ each table's largest piece;
     total bytes of each memory tier that may bind ≤ K × its capacity; and, while the model stays small,
@@ -286,7 +292,8 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     has. Any columns whose values lie at or below an option's (or a mix of them, below what any value of a
     hidden parameter gives) keep it a bound. HiGHS stops within its tolerances, which on many near-equal
     columns left its optimum up to 2·10⁻⁴ above the LP's; `safe` returns instead the Lagrangian bound of the
-    duals it returns (`_lagrangian`), which holds whatever their error."""
+    duals it returns (`_lagrangian`), which holds whatever their error. With `start` (safe only; a mask of the
+    columns to begin with) the LP is solved by generating columns (`_generated`)."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix, vstack
 
@@ -298,7 +305,10 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
         return None  # a table without a column: nothing of it fits a device
     n_vars = n + 2  # y per column, then w (the pinned floor), then z
     work = columns.work
-    scale = max(work.sum() / k, 1e-300)
+    # The LP in units of the average load; with many columns per table (`safe`: curves of load factors) the
+    # average over each table's columns, so that HiGHS's absolute tolerances stay small beside its values.
+    per_table = np.bincount(columns.table, minlength=candidates.instance.num_tables) if safe else 1
+    scale = max((work / np.maximum(per_table, 1)[columns.table] if safe else work).sum() / k, 1e-300)
     rows, cols, vals, rhs = [], [], [], []
 
     def add_row(columns, values, bound):
@@ -335,6 +345,11 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     a_eq = coo_matrix((np.ones(eq_cols.size), (eq_rows, eq_cols)), shape=(len(by_table), n_vars)).tocsr()
     objective = np.zeros(n_vars)
     objective[-1] = 1.0
+    if start is not None:
+        most_floor = sum(float(floor[ids].max()) for ids in by_table)
+        model = (objective, a_ub, np.array(rhs), a_eq, np.ones(len(by_table)), most_floor)
+        value = _generated(model, np.r_[start, True, True], time_limit, solution)
+        return None if value is None else float(value * scale * (1 - 1e-7))
     result = linprog(objective, A_ub=vstack([a_ub]), b_ub=np.array(rhs), A_eq=a_eq,
                      b_eq=np.ones(len(by_table)), bounds=[(0, 1)] * n + [(0, None), (0, None)],
                      method="highs", options=(SAFE_TOLERANCES if safe else {}) | (
@@ -356,13 +371,61 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     return float(value * scale * (1 - 1e-7))
 
 
-def _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper: np.ndarray) -> float:
+def _generated(model: tuple, active: np.ndarray, time_limit: float | None, solution: list | None) -> float | None:
+    """The LP over the `active` columns, then with the columns the duals price below zero added (the most
+    negative GENERATED_BATCH at a time), until none is or the Lagrangian of the duals over every column (a bound
+    whichever columns are active) is within GENERATED_GAP of the LP over the active ones; the best such
+    Lagrangian (scaled), or None where the LP over every column is infeasible. Where the LP over the columns
+    first given is infeasible, all are taken."""
+    from scipy.optimize import linprog
+
+    objective, a_ub, b_ub, a_eq, b_eq, most_floor = model
+    n_vars = objective.size
+    deadline = np.inf if time_limit is None else time.monotonic() + time_limit
+    a_ub, a_eq = a_ub.tocsc(), a_eq.tocsc()
+    best, weights = -np.inf, None
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise LPOutOfTime(f"the LP relaxation took more than {time_limit:.2f} s")
+        ids = np.flatnonzero(active)
+        result = linprog(objective[ids], A_ub=a_ub[:, ids], b_ub=b_ub, A_eq=a_eq[:, ids], b_eq=b_eq,
+                         bounds=[(0, 1)] * (ids.size - 2) + [(0, None), (0, None)], method="highs",
+                         options=SAFE_TOLERANCES | ({} if time_limit is None else {"time_limit": max(left, 1e-3)}))
+        if result.status == 2:
+            if active.all():
+                return None
+            active[:] = True
+            continue
+        if result.status == 1 and time_limit is not None:
+            raise LPOutOfTime(f"the LP relaxation took more than {time_limit:.2f} s")
+        if result.status != 0:
+            raise RuntimeError(f"LP relaxation failed: {result.message}")
+        upper = np.r_[np.ones(n_vars - 2), most_floor, 2 * result.fun]
+        value, reduced = _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper, ids)
+        if value > best:
+            best = value
+            weights = np.zeros(n_vars)
+            weights[ids] = result.x
+        priced_below = np.flatnonzero((reduced < -GENERATED_TOLERANCE) & ~active)
+        if not priced_below.size or best >= result.fun * (1 - GENERATED_GAP):
+            break
+        active[priced_below[np.argsort(reduced[priced_below])[:GENERATED_BATCH]]] = True
+    if solution is not None:
+        solution.append(weights[:-2])
+    return best
+
+
+def _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper: np.ndarray,
+                ids: np.ndarray | None = None) -> float | tuple[float, np.ndarray]:
     """min c·x over 0 ≤ x ≤ `upper` of the Lagrangian c·x + λ·(A_ub x − b_ub) + μ·(A_eq x − b_eq), with λ ≥ 0
     and μ from HiGHS's marginals: at most c·x at any feasible x in the box, so a lower bound on the LP (and on
     any plan) whatever the duals' error. The box holds every feasible point but the makespan's, capped at
-    twice HiGHS's optimum; a plan above that cap is above the bound returned (at most the cap) too."""
+    twice HiGHS's optimum; a plan above that cap is above the bound returned (at most the cap) too. Where HiGHS
+    solved over the columns `ids` alone, the bound is still over every column, returned with their reduced
+    costs."""
     lam = np.maximum(-result.ineqlin.marginals, 0.0)
     mu = -result.eqlin.marginals
     reduced = objective + a_ub.T @ lam + a_eq.T @ mu
-    value = float(np.minimum(0.0, reduced * upper).sum() - lam @ b_ub - mu @ b_eq)
-    return min(value, float(upper[-1]))
+    value = min(float(np.minimum(0.0, reduced * upper).sum() - lam @ b_ub - mu @ b_eq), float(upper[-1]))
+    return value if ids is None else (value, reduced)

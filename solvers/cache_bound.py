@@ -24,6 +24,7 @@ from .candidates import Candidates, counted_storage
 # bandwidth 28 times its HBM-to-DDR bandwidth — whose curvature is greatest at small load factors.
 SPREAD = 27.0
 POINTS = 128
+STRIDE = 8  # the LP begins with every STRIDE-th point of each curve and generates the others it needs
 # Bytes a piece's count may stray from a convex function of the load factor, in cache slots (a row and its
 # bookkeeping): our storage count rounds a cache up to whole slots, TorchRec's its shares to whole bytes, and
 # the lowering may amplify that a few times.
@@ -79,9 +80,23 @@ def open_caches(candidates: Candidates) -> dict[tuple, list[int]]:
     return families
 
 
-def curve_pieces(candidates: Candidates, points: int = POINTS) -> int:
+def curve_pieces(candidates: Candidates, oracle: Oracle, points: int = POINTS) -> int:
     """How many pieces pricing the curves of the bound takes (what its time grows with)."""
-    return sum(candidates.members(ids[0]).size for ids in open_caches(candidates).values()) * points
+    layouts = [ids[0] for ids in open_caches(candidates).values()]
+    if not layouts:
+        return 0
+    return _priced_once(candidates, oracle, np.concatenate([candidates.members(o) for o in layouts]))[0].size * points
+
+
+def _priced_once(candidates: Candidates, oracle: Oracle, base: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of the pieces `base`, those to price (one per shape where the oracle prices by shape) and which of them
+    each piece is."""
+    if not oracle.shape_priced:
+        return np.arange(base.size), np.arange(base.size)
+    source = candidates.options.pieces
+    shapes = np.stack([getattr(source, f)[base] for f in ("table", "kind", "rows", "width", "kernel")], axis=1)
+    _, once, same = np.unique(shapes, axis=0, return_index=True, return_inverse=True)
+    return once, same.reshape(-1)
 
 
 def every_load_factor_bound(candidates: Candidates, oracle: Oracle, points: int = POINTS,
@@ -158,7 +173,9 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     curve, factor = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
     weights: list = []
     left = None if time_limit is None else max(time_limit - (time.monotonic() - started), 1e-3)
-    bound = lp_over(candidates, grid + curve, left, safe=True, solution=weights)
+    # Begin with every STRIDE-th point of each curve, all of the rest generated where the duals ask for them.
+    start = np.r_[np.ones(grid.table.size, dtype=bool), np.isin(factor, load_factor_points(points)[::STRIDE])]
+    bound = lp_over(candidates, grid + curve, left, safe=True, solution=weights, start=start)
     if solution is not None and weights:
         solution += [weights[0][grid.table.size:], curve.table, factor]
     return bound
@@ -172,14 +189,15 @@ def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
     members = [options.members(o) for o in layouts]
     sizes = np.array([m.size for m in members])
     base = np.concatenate(members)
-    at = np.tile(base, x.size)
     source = options.pieces
+    priced_once, same = _priced_once(candidates, oracle, base)
+    at = np.tile(base[priced_once], x.size)
     pieces = Pieces.of(*(getattr(source, f)[at] for f in ("table", "kind", "row_start", "row_end", "col_start",
                                                           "col_end", "kernel")),
-                       load_factor=np.repeat(x, base.size))
+                       load_factor=np.repeat(x, priced_once.size))
     priced = oracle.bind(instance, pieces)
-    cost = np.asarray(priced.costs, dtype=float).reshape(x.size, base.size)
-    stored = counted_storage(instance, pieces, priced, oracle.own_memory).reshape(x.size, base.size, 2)
+    cost = np.asarray(priced.costs, dtype=float).reshape(x.size, -1)[:, same]
+    stored = counted_storage(instance, pieces, priced, oracle.own_memory).reshape(x.size, -1, 2)[:, same]
     starts = np.r_[0, np.cumsum(sizes)[:-1]]
     dtype = np.array([t.dtype_bytes for t in instance.tables], dtype=np.int64)[source.table[base]]
     slot = source.width[base] * dtype + CACHE_STATE_BYTES_PER_SLOT
