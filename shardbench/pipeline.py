@@ -57,7 +57,7 @@ CERTIFY_SHARE = 0.25
 CERTIFY_FLOOR_S = 1.0
 # The load factors the LP over every load factor chooses are found within this share of the budget, where
 # pricing the curves (CURVE_POINTS per cached layout; about this many pieces a second here) takes at most half.
-GUIDE_SHARE = 0.25
+GUIDE_SHARE = 0.35
 CURVE_PIECES_PER_S = 200_000
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the

@@ -365,8 +365,8 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     value = result.fun
     if safe:
         most_floor = sum(float(floor[ids].max()) for ids in by_table)
-        value = _lagrangian(result, objective, a_ub, np.array(rhs), a_eq, np.ones(len(by_table)),
-                            np.r_[np.ones(n), most_floor, 2 * result.fun])
+        value, _ = _lagrangian(result, objective, a_ub, np.array(rhs), a_eq, np.ones(len(by_table)),
+                               np.r_[np.ones(n), most_floor, 2 * result.fun])
     # HiGHS holds rows to ~1e-9 of the scaled load: give that back so the bound stays below the optimum.
     return float(value * scale * (1 - 1e-7))
 
@@ -402,7 +402,7 @@ def _generated(model: tuple, active: np.ndarray, time_limit: float | None, solut
         if result.status != 0:
             raise RuntimeError(f"LP relaxation failed: {result.message}")
         upper = np.r_[np.ones(n_vars - 2), most_floor, 2 * result.fun]
-        value, reduced = _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper, ids)
+        value, reduced = _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper)
         if value > best:
             best = value
             weights = np.zeros(n_vars)
@@ -416,16 +416,15 @@ def _generated(model: tuple, active: np.ndarray, time_limit: float | None, solut
     return best
 
 
-def _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper: np.ndarray,
-                ids: np.ndarray | None = None) -> float | tuple[float, np.ndarray]:
+def _lagrangian(result, objective, a_ub, b_ub, a_eq, b_eq, upper: np.ndarray) -> tuple[float, np.ndarray]:
     """min c·x over 0 ≤ x ≤ `upper` of the Lagrangian c·x + λ·(A_ub x − b_ub) + μ·(A_eq x − b_eq), with λ ≥ 0
     and μ from HiGHS's marginals: at most c·x at any feasible x in the box, so a lower bound on the LP (and on
     any plan) whatever the duals' error. The box holds every feasible point but the makespan's, capped at
     twice HiGHS's optimum; a plan above that cap is above the bound returned (at most the cap) too. Where HiGHS
-    solved over the columns `ids` alone, the bound is still over every column, returned with their reduced
-    costs."""
+    solved over some of the columns, the bound is still over every column. Returned with every column's
+    reduced cost."""
     lam = np.maximum(-result.ineqlin.marginals, 0.0)
     mu = -result.eqlin.marginals
     reduced = objective + a_ub.T @ lam + a_eq.T @ mu
     value = min(float(np.minimum(0.0, reduced * upper).sum() - lam @ b_ub - mu @ b_eq), float(upper[-1]))
-    return value if ids is None else (value, reduced)
+    return value, reduced

@@ -207,3 +207,24 @@ def test_plan_offers_the_load_factors_the_bound_caches_tables_at_and_certifies_o
     assert "cache load factors beside the grid's" in capsys.readouterr().out
     report = json.loads(out.read_text()).get("report")
     assert report["guided_load_factors"] == result.guided
+
+
+def test_generating_columns_reaches_the_lp_over_all_of_them_and_never_exceeds_it():
+    from solvers.bounds import LPColumns, lp_over
+    from solvers.cache_bound import curve_columns, open_caches
+    from test_tiers_peers import _tight
+
+    oracle = get_oracle("torchrec")
+    for hbm in (40 * 2**10, 60 * 2**10, 90 * 2**10):
+        candidates = Candidates.build(_tight(hbm), oracle)
+        families = open_caches(candidates)
+        cached = np.zeros(len(candidates.options.options), dtype=bool)
+        for ids in families.values():
+            cached[ids] = True
+        grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
+        curve, factor = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points())
+        columns = grid + curve
+        full = lp_over(candidates, columns, safe=True)
+        for first in (np.zeros(factor.size, dtype=bool), factor == 0.0, np.ones(factor.size, dtype=bool)):
+            generated = lp_over(candidates, columns, safe=True, start=np.r_[np.ones(grid.table.size, dtype=bool), first])
+            assert generated <= full * (1 + 1e-9) and generated >= full * (1 - 1e-5)
