@@ -387,7 +387,9 @@ def test_kicks_never_end_higher_keep_a_layout_that_fits_and_follow_the_seed(inst
         settle(assembly, centre.pools, float("inf"))
         state, peak = _state(assembly), assembly.objective()
         stats = kicks(assembly, centre.pools, np.random.default_rng(seed), float("inf"), max_rounds=6)
-        assert stats["kicks"] <= 6 and assembly.objective() <= peak
+        # A layout restored after a fruitless kick has its loads summed again in another order: equal up to
+        # float rounding, not bit for bit.
+        assert stats["kicks"] <= 6 and assembly.objective() <= peak * (1 + 1e-12)
         assert _fits(assembly)
         if not stats["kicks_kept"]:
             assert _same_state(_state(assembly), state)
