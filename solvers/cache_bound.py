@@ -215,27 +215,30 @@ def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
     pinned_layout = np.array([candidates.placement(o) == "pinned" for o in layouts], dtype=bool)
     pinned = np.tile(pinned_layout, n)
     floor = np.zeros((n, f))
-    profiles = None
-    if pinned_layout.any():
-        profile_cost = np.zeros((n, f, k))
-        profile_bytes = np.zeros((n, f, k, 2))
-        for j in np.flatnonzero(pinned_layout):
-            span = np.arange(starts[j], starts[j] + sizes[j])
-            devices = options.pin[base[span]]
-            for piece, device in zip(span, devices):
-                profile_cost[:, j, device] += cost[:, piece]
-                profile_bytes[:, j, device] += stored[:, piece]
-            # The least any device gets falls with the load factor; each point takes the next point's, so
-            # that a mix of two neighbours stays below it anywhere between them.
-            least = profile_cost[:, j].min(axis=1)
-            floor[:, j] = np.r_[least[1:], least[-1]] * (1 - COST_ROUNDING)
-            profile_cost[:, j] = low_cost(profile_cost[:, j])
+    # What each pinned layout puts on each device, kept where the LP's per-device rows stay small.
+    per_device = pinned.sum() * k <= LP_PER_DEVICE_NONZEROS
+    profile_cost, profile_bytes = [], []
+    for j in np.flatnonzero(pinned_layout):
+        span = np.arange(starts[j], starts[j] + sizes[j])
+        devices = options.pin[base[span]]
+        on_cost, on_bytes = np.zeros((n, k)), np.zeros((n, k, 2))
+        for piece, device in zip(span, devices):
+            on_cost[:, device] += cost[:, piece]
+            on_bytes[:, device] += stored[:, piece]
+        # The least any device gets falls with the load factor; each point takes the next point's, so that a
+        # mix of two neighbours stays below it anywhere between them.
+        least = on_cost.min(axis=1)
+        floor[:, j] = np.r_[least[1:], least[-1]] * (1 - COST_ROUNDING)
+        if per_device:
             piece_slack = ROUNDING_SLOTS * np.bincount(devices, weights=slot[span], minlength=k)
-            for t in range(2):
-                profile_bytes[:, j, :, t] = lowered(x, profile_bytes[:, j, :, t]) - piece_slack
-        if pinned.sum() * k <= LP_PER_DEVICE_NONZEROS:
-            profiles = (profile_cost[:, pinned_layout].reshape(-1, k),
-                        profile_bytes[:, pinned_layout].reshape(-1, k, 2))
+            profile_cost.append(low_cost(on_cost))
+            profile_bytes.append(np.stack([lowered(x, on_bytes[:, :, t]) - piece_slack for t in range(2)], axis=-1))
+    profiles = None
+    if per_device and profile_cost:
+        # Columns run point by point, layout by layout within a point: so do their profiles.
+        profiles = (np.stack(profile_cost, axis=1).reshape(-1, k), np.stack(profile_bytes, axis=1).reshape(-1, k, 2))
+    elif per_device:
+        profiles = (np.zeros((0, k)), np.zeros((0, k, 2)))
     # A piece too large for a device never sits on one: each layout's points stop at the first load factor at
     # which one of its pieces no longer fits (kept, for the load factors between it and the last that fits).
     capacity = instance.topology.capacity.as_array()
