@@ -264,8 +264,9 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
     """The options on the grid and, per table, the load factors at which the LP over every load factor caches
     it (solvers.cache_bound.guided_load_factors), within GUIDE_SHARE of the budget: on tiered tasks at
     80 × 8 under TorchRec's estimator they took `pair-balance`'s plans up to 1.6 % lower at 10 s
-    (docs/bounds.md). None and none where the oracle does not promise the convexity that LP rests on, no cache
-    is open, pricing the curves would take more than half that share (CURVE_PIECES_PER_S) or the LP the rest."""
+    (docs/bounds.md). No options (None) where the oracle does not promise the convexity that LP rests on; no
+    load factors where no cache is open, pricing the curves would take more than half that share
+    (CURVE_PIECES_PER_S) or the LP the rest."""
     if not (oracle.additive and instance.uses_host_memory and oracle.convex_in_load_factor(instance)):
         return None, {}
     share = GUIDE_SHARE * clock.time_limit
