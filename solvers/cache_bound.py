@@ -167,10 +167,18 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     cached = np.zeros(len(candidates.options.options), dtype=bool)
     for ids in families.values():
         cached[ids] = True
-    grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
     if not families:
+        grid = LPColumns.of(candidates, np.flatnonzero(candidates.live))
         return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
-    curve, factor = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points(points))
+    layouts = [ids[0] for ids in families.values()]
+    curve, factor, reach = curve_columns(candidates, oracle, layouts, load_factor_points(points))
+    # Dominance pruned options comparing memory in the tiers that bind on the grid alone; where a cache larger
+    # than the grid's could make another tier bind, an option pruned there may be needed: take every one that fits.
+    most = candidates.most_per_table.copy()
+    np.maximum.at(most, [candidates.options.options[o].table for o in layouts], reach)
+    newly = set(np.flatnonzero(most.sum(axis=0) > instance.topology.capacity.as_array())) - \
+        set(candidates.binding_tiers)
+    grid = LPColumns.of(candidates, np.flatnonzero((candidates.fits if newly else candidates.live) & ~cached))
     weights: list = []
     left = None if time_limit is None else max(time_limit - (time.monotonic() - started), 1e-3)
     # Begin with every STRIDE-th point of each curve, all of the rest generated where the duals ask for them.
@@ -182,9 +190,10 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
 
 
 def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
-                  x: np.ndarray) -> tuple[LPColumns, np.ndarray]:
-    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`), and
-    the load factor of each column."""
+                  x: np.ndarray) -> tuple[LPColumns, np.ndarray, np.ndarray]:
+    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`), the
+    load factor of each column, and per layout the most bytes per tier its pieces take together at a point kept
+    (layouts × 2: at least what it can put on one device)."""
     instance, options = candidates.instance, candidates.options
     members = [options.members(o) for o in layouts]
     sizes = np.array([m.size for m in members])
@@ -249,4 +258,6 @@ def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
         profiles = tuple(p[keep[pinned]] for p in profiles)
     columns = LPColumns(table[keep], work.reshape(-1)[keep], biggest.reshape(-1)[keep],
                         storage.reshape(-1, 2)[keep], pinned[keep], floor.reshape(-1)[keep], profiles)
-    return columns, np.repeat(x, f)[keep]
+    together = np.stack([np.add.reduceat(stored[:, :, t], starts, axis=1) for t in range(2)], axis=-1)
+    reach = np.where(keep.reshape(n, f)[:, :, None], together, 0).max(axis=0)
+    return columns, np.repeat(x, f)[keep], reach

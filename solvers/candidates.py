@@ -304,15 +304,30 @@ class Candidates:
         return np.add.reduceat(self.storage, self.options.first, axis=0)
 
     @cached_property
+    def most_per_table(self) -> np.ndarray:
+        """Per table and tier, the most bytes any one device could receive from it (in its live option that can
+        put the most there; tables × 2)."""
+        most = np.zeros((self.instance.num_tables, 2), dtype=np.int64)
+        for t, ids in enumerate(self.by_table):
+            if ids.size:
+                most[t] = np.max([self._most_on_one_device(int(o)) for o in ids], axis=0)
+        return most
+
+    @cached_property
     def binding_tiers(self) -> tuple[int, ...]:
         """The memory tiers that may bind: those where the most any one device could receive (each table
         in its option that can put the most there) exceeds a device's capacity; any plan fits the others,
         and they can be left out of models and dominance. Computed over the options that fit a device."""
-        most = np.zeros(2, dtype=np.int64)
-        for ids in self.by_table:
-            if ids.size:
-                most += np.max([self._most_on_one_device(int(o)) for o in ids], axis=0)
+        most = self.most_per_table.sum(axis=0)
         return tuple(int(t) for t in np.flatnonzero(most > self.instance.topology.capacity.as_array()))
+
+    @cached_property
+    def fits(self) -> np.ndarray:
+        """Per option, whether each of its pieces fits a device's capacity in every tier (live or pruned)."""
+        capacity = self.instance.topology.capacity.as_array()
+        if not len(self.options.first):
+            return np.zeros(0, dtype=bool)
+        return ~(np.maximum.reduceat(self.storage, self.options.first, axis=0) > capacity).any(axis=1)
 
     def _most_on_one_device(self, o: int) -> np.ndarray:
         """Per tier, the most option o can put on one device: all its pieces for a free or node_free option
@@ -347,10 +362,7 @@ class Candidates:
 
     def _drop_unfit(self) -> None:
         """An option with a piece larger than a device's capacity in some tier can never be placed."""
-        capacity = self.instance.topology.capacity.as_array()
-        if not len(self.options.first):
-            return
-        too_big = (np.maximum.reduceat(self.storage, self.options.first, axis=0) > capacity).any(axis=1)
+        too_big = ~self.fits
         self.live &= ~too_big
         self.pruned["larger than a device"] = int(too_big.sum())
 
