@@ -266,6 +266,12 @@ class LPColumns:
         return cls(table, candidates.work[ids], candidates.biggest[ids], candidates.total_storage[ids], pinned,
                    floor, profiles)
 
+    def take(self, keep: np.ndarray) -> "LPColumns":
+        """The columns `keep` marks (a mask)."""
+        profiles = None if self.profiles is None else tuple(p[keep[self.pinned]] for p in self.profiles)
+        return LPColumns(*(getattr(self, f)[keep] for f in ("table", "work", "biggest", "storage", "pinned", "floor")),
+                         profiles)
+
     def __add__(self, other: "LPColumns") -> "LPColumns":
         profiles = None
         if self.profiles is not None and other.profiles is not None:

@@ -7,6 +7,7 @@ stores. It holds where the oracle's cost is convex in the load factor and its by
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -171,11 +172,12 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
         grid = LPColumns.of(candidates, np.flatnonzero(candidates.live))
         return lp_over(candidates, grid, time_limit, safe=True) if grid.table.size else None
     layouts = [ids[0] for ids in families.values()]
-    curve, factor, reach = curve_columns(candidates, oracle, layouts, load_factor_points(points))
+    curves = curve_columns(candidates, oracle, layouts, load_factor_points(points))
+    curve, factor = curves.columns, curves.factor
     # Dominance pruned options comparing memory in the tiers that bind on the grid alone; where a cache larger
     # than the grid's could make another tier bind, an option pruned there may be needed: take every one that fits.
     most = candidates.most_per_table.copy()
-    np.maximum.at(most, [candidates.options.options[o].table for o in layouts], reach)
+    np.maximum.at(most, [candidates.options.options[o].table for o in layouts], curves.reach)
     newly = set(np.flatnonzero(most.sum(axis=0) > instance.topology.capacity.as_array())) - \
         set(candidates.binding_tiers)
     grid = LPColumns.of(candidates, np.flatnonzero((candidates.fits if newly else candidates.live) & ~cached))
@@ -189,11 +191,17 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     return bound
 
 
-def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
-                  x: np.ndarray) -> tuple[LPColumns, np.ndarray, np.ndarray]:
-    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`), the
-    load factor of each column, and per layout the most bytes per tier its pieces take together at a point kept
-    (layouts × 2: at least what it can put on one device)."""
+@dataclass(frozen=True)
+class Curves:
+    """The LP's columns for cached layouts along their load factors (`curve_columns`)."""
+
+    columns: LPColumns
+    factor: np.ndarray  # per column, its load factor
+    reach: np.ndarray   # per layout, the most bytes per tier its pieces take together at a point kept (layouts × 2)
+
+
+def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int], x: np.ndarray) -> Curves:
+    """Columns for each of the `layouts` (one option of each) at every load factor `x`, lowered (`lowered`)."""
     instance, options = candidates.instance, candidates.options
     members = [options.members(o) for o in layouts]
     sizes = np.array([m.size for m in members])
@@ -254,10 +262,8 @@ def curve_columns(candidates: Candidates, oracle: Oracle, layouts: list[int],
     unfit = np.maximum.reduceat((stored > capacity).any(axis=2), starts, axis=1)
     keep = (np.cumsum(unfit, axis=0) - unfit == 0) & ~unfit[:1]
     keep = keep.reshape(-1)
-    if profiles is not None:
-        profiles = tuple(p[keep[pinned]] for p in profiles)
-    columns = LPColumns(table[keep], work.reshape(-1)[keep], biggest.reshape(-1)[keep],
-                        storage.reshape(-1, 2)[keep], pinned[keep], floor.reshape(-1)[keep], profiles)
+    columns = LPColumns(table, work.reshape(-1), biggest.reshape(-1), storage.reshape(-1, 2), pinned,
+                        floor.reshape(-1), profiles).take(keep)
+    kept = keep.reshape(n, f)
     together = np.stack([np.add.reduceat(stored[:, :, t], starts, axis=1) for t in range(2)], axis=-1)
-    reach = np.where(keep.reshape(n, f)[:, :, None], together, 0).max(axis=0)
-    return columns, np.repeat(x, f)[keep], reach
+    return Curves(columns, np.repeat(x, f)[keep], np.where(kept[:, :, None], together, 0).max(axis=0))

@@ -222,7 +222,8 @@ def test_generating_columns_reaches_the_lp_over_all_of_them_and_never_exceeds_it
         for ids in families.values():
             cached[ids] = True
         grid = LPColumns.of(candidates, np.flatnonzero(candidates.live & ~cached))
-        curve, factor, _ = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points())
+        curves = curve_columns(candidates, oracle, [ids[0] for ids in families.values()], load_factor_points())
+        curve, factor = curves.columns, curves.factor
         columns = grid + curve
         full = lp_over(candidates, columns, safe=True)
         for first in (np.zeros(factor.size, dtype=bool), factor == 0.0, np.ones(factor.size, dtype=bool)):
