@@ -442,6 +442,7 @@ class HullFit:
     def __init__(self, candidates: Candidates, pools: dict[int, np.ndarray]):
         hbm = candidates.total_storage[:, HBM].astype(float)
         self.top_work, self.top_hbm, self.slopes, self.saved = {}, {}, {}, {}
+        self.lean_work, self.lean_hbm = {}, {}
         for t, ids in pools.items():
             hull = ids[on_lower_hull(hbm[ids], candidates.work[ids])]
             points = []  # leanest first, each doing strictly less work than the one before
@@ -450,6 +451,7 @@ class HullFit:
                     points.append(int(o))
             work, memory = candidates.work[points[::-1]], hbm[points[::-1]]
             self.top_work[t], self.top_hbm[t] = float(work[0]), float(memory[0])
+            self.lean_work[t], self.lean_hbm[t] = float(work[-1]), float(memory[-1])
             self.saved[t] = -np.diff(memory)
             self.slopes[t] = np.diff(work) / self.saved[t]
 
@@ -467,6 +469,10 @@ class HullFit:
             return np.inf
         return total + float((slopes[order[:taken]] * saved[order[:taken]]).sum())
 
+    def short(self, tables, room: float) -> float:
+        """The HBM bytes by which even every table's leanest point overfills `room` (0 where they fit)."""
+        return max(sum(self.lean_hbm[t] for t in tables) - room, 0.0)
+
 
 def level(assembly: Assembly, where: dict[int, int], pools: dict[int, np.ndarray], deadline: float) -> dict[int, int]:
     """`where` changed while that lowers the device whose tables do the most work by `HullFit`: the move of
@@ -481,9 +487,14 @@ def level(assembly: Assembly, where: dict[int, int], pools: dict[int, np.ndarray
     on = [set() for _ in range(assembly.k)]
     for t, d in where.items():
         on[d].add(t)
+    # A device whose tables fit its HBM in no options weighs more than any that fits, the more the more it
+    # overfills: moves that empty it are taken first (the spread can leave one overfull, which no single move
+    # may repair — tiers-80x8 test-099 at HBM 0.25, with the load factors `plan` offers: no balanced start).
+    overfull = float(base.max()) + sum(fit.lean_work.values()) + 1.0
 
     def load(d: int, tables: set) -> float:
-        return base[d] + fit.work(tables, room[d])
+        work = fit.work(tables, room[d])
+        return base[d] + work if np.isfinite(work) else overfull * (1 + fit.short(tables, room[d]) / max(room[d], 1.0))
 
     loads = np.array([load(d, on[d]) for d in range(assembly.k)])
     where = dict(where)

@@ -472,6 +472,29 @@ def test_levelling_keeps_every_table_once_and_never_raises_the_busiest_devices_f
     assert busiest(levelled) <= busiest(where) * (1 + 1e-12)
 
 
+@examples(40)
+@given(four_device_tiered_instances(most_hbm=1.0))
+def test_levelling_moves_tables_off_a_device_they_overfill_even_where_no_single_move_makes_it_fit(instance):
+    """Every table piled on one device that their leanest options overfill: where some table's leanest option
+    fits another device's room, levelling ends with less overfilled (an overfull device weighs more the more it
+    overfills, not infinitely: a move that leaves it overfull still counts)."""
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    assume(candidates.binding_tiers == (0,))
+    centre = split_centre(candidates, float("inf"), 1.0)
+    assume(centre is not None)
+    assembly = with_splits(candidates, centre.chosen, centre.pools)
+    assume(assembly is not None)
+    fit, room = HullFit(candidates, centre.pools), assembly.free[:, 0].astype(float)
+
+    def overfilled(layout):
+        return sum(fit.short([t for t in layout if layout[t] == d], room[d]) for d in range(assembly.k))
+
+    piled = {t: 0 for t in centre.pools}
+    assume(overfilled(piled) > 0)
+    assume(any(fit.lean_hbm[t] <= room[d] for t in piled for d in range(1, assembly.k)))
+    assert overfilled(level(assembly, piled, centre.pools, float("inf"))) < overfilled(piled)
+
+
 def test_highs_prints_nothing_on_the_commands_stdout_and_what_python_printed_before_goes_out(capfd, monkeypatch):
     """HiGHS 1.12 prints a debug line on the process's stdout when it repairs a solution (a pair MILP in
     `plan` printed 79): whatever a group's solve writes to file descriptor 1 or C's stdio is dropped."""
