@@ -49,6 +49,11 @@ LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 
 # (`split_centre`): under TorchRec's estimator at 80 x 8 replicas saved 0.01-0.08 % at HBM 0.25, where
 # dropping them gave better plans on 9 of 10 tasks, and 0.2-1.3 % at 0.75, where it gave worse on 10 of 10.
 REPLICA_SAVING = 1e-3
+# What a group MILP's memory rows (bytes over bytes free) leave unused when solved again after a layout that
+# overfilled a device: HiGHS holds rows only to its feasibility tolerance (1e-6), which let a layout overfill a
+# device by 205 bytes (test-091 at HBM 0.25 under TorchRec's estimator), so the plan failed validation and a
+# worse member's was kept. Solved first without it, a layout that fills a device to the byte is still found.
+MEMORY_ROW_SLACK = 1e-5
 
 
 def movable(candidates: Candidates, chosen: np.ndarray, ceiling: float = np.inf) -> dict[int, np.ndarray]:
@@ -229,14 +234,31 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
             initial = np.zeros(peak + 1)
             initial[picked] = 1.0
             initial[peak] = _busiest(assembly, devices, [columns[j][1:] for j in picked]) / scale
-    x, proven = _highs(objective, matrix, lower, upper, np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
-                       peak, time_limit, initial, None if enough is None else enough / scale)
-    if x is None:
-        return None
-    layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
-    if len(layout) != len(tables):
-        return None
-    return Regroup(layout, _busiest(assembly, devices, list(layout.values())), proven)
+    memory_rows = [device_row[d] + 1 + i for d in devices for i in range(len(tiers))]
+    deadline = time.monotonic() + time_limit
+    for slack in (0.0, MEMORY_ROW_SLACK):
+        upper = np.asarray(upper, dtype=float)
+        upper[memory_rows] = 1.0 - slack
+        x, proven = _highs(objective, matrix, lower, list(upper),
+                           np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
+                           peak, deadline - time.monotonic(), initial, None if enough is None else enough / scale)
+        if x is None:
+            return None
+        layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
+        if len(layout) != len(tables):
+            return None
+        if _fits(assembly, layout, tiers):
+            return Regroup(layout, _busiest(assembly, devices, list(layout.values())), proven)
+    return None
+
+
+def _fits(assembly: Assembly, layout: dict[int, tuple[int, int]], tiers: list[int]) -> bool:
+    """Whether every device keeps within what it has left in every binding tier with `layout` placed,
+    counted in bytes: the MILP's rows hold only to HiGHS's feasibility tolerance."""
+    used = np.zeros_like(assembly.free)
+    for o, d in layout.values():
+        used[d] += assembly.memory[assembly.c.members(o)[0]]
+    return bool((used[:, tiers] <= assembly.free[:, tiers]).all())
 
 
 def _busiest(assembly: Assembly, devices: list[int], placed: list[tuple[int, int]]) -> float:

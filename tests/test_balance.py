@@ -9,7 +9,7 @@ import itertools
 
 import numpy as np
 import pytest
-from conftest import examples, make_table
+from conftest import examples, make_instance, make_table
 from hypothesis import assume, example, given
 from hypothesis import strategies as st
 from test_sharding import QUICK
@@ -171,6 +171,28 @@ def test_a_compressed_device_pair_does_the_least_work_under_its_cap(instance, sl
     assert found is not None and found.peak <= cap * (1 + 1e-6)
     costs = _laid_out(assembly, found, list(assembly.c.binding_tiers))
     assert float(costs.sum()) == pytest.approx(least, rel=1e-4, abs=1e-12)
+
+
+@pytest.mark.parametrize("over", [1, 2, 1000])
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_group_never_overfills_a_device_by_the_solvers_tolerance(over, capped):
+    """Two 1 GB tables that miss sharing a device by `over` bytes and a small busy one: together they would
+    level the pair, and HiGHS, holding memory rows only to its tolerance, took that layout at 1-2 bytes over.
+    The group must pair the busy table with one of them instead."""
+    specs = [(4_000_000, 128, 1.0), (4_000_000, 128, 1.0), (1000, 16, 100.0)]
+    sizes = Candidates.build(make_instance(specs, 2, 10**12), get_oracle("analytic"))
+    capacity = int(sizes.storage[sizes.members(0)[0], 0] + sizes.storage[sizes.members(1)[0], 0]) - over
+    candidates = Candidates.build(make_instance(specs, 2, capacity), get_oracle("analytic"))
+    assert [candidates.options.options[o].table for o in range(3)] == [0, 1, 2]
+    pools = movable(candidates, np.arange(3))
+    assert all(list(pools[t]) == [t] for t in range(3))
+    assembly = Assembly(candidates)
+    work = candidates.work
+    cap = float(work[0] + work[2]) if capped else None
+    found = regroup(assembly, [0, 1], [0, 1, 2], pools, 10.0, cap=cap)
+    assert found is not None and found.layout[0][1] != found.layout[1][1]
+    assert found.peak == pytest.approx(float(work[0] + work[2]), rel=1e-9)
+    _laid_out(assembly, found, list(candidates.binding_tiers))
 
 
 @examples(20)
