@@ -4,7 +4,8 @@ busiest device and one other at a time (two others where no one helps and no pai
 less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
 that can do the same work for less take that layout before it goes on. The centre is the knapsack over
-memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing.
+memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing;
+where a start leaves one device far lighter than the rest, a table of it is split over the devices first.
 Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
 better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
 out among them at random (seeded), each device's options chosen again, and the groups settled again; a
@@ -49,6 +50,11 @@ LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 
 # (`split_centre`): under TorchRec's estimator at 80 x 8 replicas saved 0.01-0.08 % at HBM 0.25, where
 # dropping them gave better plans on 9 of 10 tasks, and 0.2-1.3 % at 0.75, where it gave worse on 10 of 10.
 REPLICA_SAVING = 1e-3
+# How far below the mean of the others a start's lightest device may stay before one of its tables is split
+# (`split_light`). Levelled starts on tiers-80x8 under TorchRec's estimator put it at 0.95-0.995 of that mean on
+# 29 of 30 tasks; on test-099 at HBM 0.25 at 0.65, and settling never lifted it (128.1 at 40 s, 3.9 % above
+# the bound over every load factor); with the fused table that held half its HBM split, 124.0 at 10 s (0.58 %).
+LIGHT_SHARE = 0.1
 # What a group MILP's memory rows (bytes over bytes free) leave unused when solved again after a layout that
 # overfilled a device: HiGHS holds rows only to its feasibility tolerance (1e-6), which let a layout overfill a
 # device by 205 bytes (test-091 at HBM 0.25 under TorchRec's estimator), so the plan failed validation and a
@@ -683,6 +689,83 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
     return {"kicks": tried, "kicks_kept": kept}
 
 
+def split_choices(assembly: Assembly, pools: dict[int, np.ndarray]) -> list[tuple[int, int]]:
+    """(table, split option) to try: of the lightest device's movable tables, the one taking the most HBM and
+    the one doing the most work, each in its least-work option of several pieces none of which takes more
+    HBM than its one piece does now. The knapsack splits tables over HBM summed over devices; a table whose
+    one piece fills much of a device's HBM, or does much of its work, can leave that device light with no room
+    for more (tiers-80x8 under TorchRec's estimator, test-099 at HBM 0.25: a fused table at 0.49 of a
+    device's HBM left it at 91.5 against 128 on the others)."""
+    c = assembly.c
+    mine = _on(assembly, pools, [int(np.argmin(assembly.costs()))])
+    hbm = c.total_storage[:, HBM]
+    choices = []
+    for size in (lambda t: hbm[assembly.chosen[t]], lambda t: c.work[assembly.chosen[t]]):
+        table = max(mine, key=size, default=None)
+        if table is None:
+            break
+        now = int(assembly.chosen[table])
+        split = [int(o) for o in c.by_table[table] if c.live[o] and c.options.options[o].parts > 1
+                 and c.storage[c.members(int(o)), HBM].max() <= hbm[now]]
+        choice = (table, min(split, key=lambda o: c.work[o])) if split else None
+        if choice is not None and choice not in choices:
+            choices.append(choice)
+    return choices
+
+
+def split_one(assembly: Assembly, pools: dict[int, np.ndarray], table: int, option: int,
+              deadline: float) -> dict[int, np.ndarray] | None:
+    """`table` in the split `option` instead of its one piece, every other movable table left on its device
+    with its options chosen again for what that device has left (`per_device`): the pools without `table`.
+    None, the assembly as it was, where the pieces or a device's tables find no room."""
+    c = assembly.c
+    before = assembly.snapshot()
+    where = {t: int(assembly.device[c.members(int(assembly.chosen[t]))[0]]) for t in pools if t != table}
+    for t in pools:
+        assembly.take(t)
+    trial = assembly.fit(option)
+    rest = {t: ids for t, ids in pools.items() if t != table}
+    if isinstance(trial, Trial):
+        assembly.put(option, trial.devices)
+        if per_device(assembly, where, range(assembly.k), rest, deadline):
+            return rest
+    assembly.load(*before)
+    return None
+
+
+def split_light(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> dict[int, np.ndarray]:
+    """Where a start leaves its lightest device more than LIGHT_SHARE below the mean of the others, the first
+    of `split_choices` that finds room split (`split_one`): levelling cannot fill a device whose HBM one
+    table holds. The pools then (without the split table)."""
+    costs = assembly.costs()
+    lightest = int(np.argmin(costs))
+    if costs.size < 2 or costs[lightest] >= (1 - LIGHT_SHARE) * float(np.delete(costs, lightest).mean()):
+        return pools
+    for table, option in split_choices(assembly, pools):
+        if past(deadline):
+            break
+        rest = split_one(assembly, pools, table, option, deadline)
+        if rest is not None:
+            return rest
+    return pools
+
+
+def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> tuple[dict, set, dict]:
+    """A start settled, with a table of its lightest device split first (`split_light`) where that ends below
+    the start; else the start as it was, settled. The pools, the group states proven (per assembly and
+    pools: the split pieces are not part of a group's state) and what was done."""
+    before, start = assembly.snapshot(), assembly.objective()
+    split = split_light(assembly, pools, deadline)
+    if split is not pools:
+        proven: set = set()
+        run = settle(assembly, split, deadline, proven)
+        if assembly.objective() < start * (1 - RELATIVE_STEP):
+            return split, proven, {"split": sorted(set(pools) - set(split)), **run}
+        assembly.load(*before)
+    proven = set()
+    return pools, proven, settle(assembly, pools, deadline, proven)
+
+
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
@@ -707,11 +790,10 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         if assembly is None:
             continue
         stats.setdefault("start_objective", assembly.objective())
-        mine = set()  # group states met are per assembly: each start has its own
-        run = settle(assembly, centre.pools, deadline, mine)
+        pools_here, mine, run = settle_start(assembly, centre.pools, deadline)
         stats["starts"] = stats.get("starts", 0) + 1
         if best is None or assembly.objective() < best.objective() * (1 - RELATIVE_STEP):
-            best, pools, proven, stats = assembly, centre.pools, mine, {**stats, "start": name, **run}
+            best, pools, proven, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
     if best is None:
         # Where no balanced start finds room, split-greedy's plan is the one the groups rebalance.
         best = split_greedy(candidates, problem.chooses_options, deadline)

@@ -542,3 +542,112 @@ def test_highs_prints_nothing_on_the_commands_stdout_and_what_python_printed_bef
     ctypes.CDLL(None).fflush(None)  # what C still buffered would show here
     assert x is not None and proven and x[0] == pytest.approx(1.0)
     assert capfd.readouterr().out == "beforeafter\n"
+
+
+@examples(20)
+@given(four_device_tiered_instances(types=("table_wise", "row_wise", "table_row_wise"), most_hbm=1.0))
+def test_a_split_leaves_every_other_table_on_its_device_within_memory_or_changes_nothing(instance):
+    """Each of the lightest device's tables `split_choices` names is its largest in HBM or in work, in its
+    least-work option of several pieces none of which takes more HBM than its one piece; `split_one` puts it
+    in that option and every other movable table on the device it was on, all within every binding tier, the
+    pools without it — or, finding no room, leaves the assembly as it was."""
+    from solvers.balance import split_choices, split_one
+
+    started = _four_device_start(instance)
+    assume(started is not None)
+    candidates, centre, assembly = started
+    lightest = int(np.argmin(assembly.costs()))
+    device_of = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
+    hbm = candidates.total_storage[:, 0]
+    mine = [t for t, d in device_of.items() if d == lightest]
+    choices = split_choices(assembly, centre.pools)
+    for table, option in choices:
+        assert table in mine and candidates.options.options[option].parts > 1
+        now = int(assembly.chosen[table])
+        assert candidates.storage[candidates.members(option), 0].max() <= hbm[now]
+        assert hbm[now] == max(hbm[assembly.chosen[t]] for t in mine) or \
+            candidates.work[now] == max(candidates.work[assembly.chosen[t]] for t in mine)
+        splits = [o for o in candidates.by_table[table] if candidates.live[o]
+                  and candidates.options.options[o].parts > 1
+                  and candidates.storage[candidates.members(int(o)), 0].max() <= hbm[now]]
+        assert candidates.work[option] == min(candidates.work[o] for o in splits)
+    for table, option in choices:
+        state = _state(assembly)
+        rest = split_one(assembly, centre.pools, table, option, float("inf"))
+        if rest is None:
+            assert _same_state(_state(assembly), state)
+            continue
+        assert set(rest) == set(centre.pools) - {table} and assembly.chosen[table] == option
+        assert all(int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) == device_of[t] for t in rest)
+        assert _fits(assembly)
+        assert (assembly.free >= 0).all()
+        return
+
+
+def test_a_start_has_a_table_split_exactly_where_its_lightest_device_is_below_the_share(monkeypatch):
+    """`split_light` splits nothing where the lightest device is within LIGHT_SHARE of the others' mean, and
+    splits where it is below: the threshold is the rule, tried on both sides of one start's ratio."""
+    import solvers.balance as balance
+
+    tables = (make_table("big", 400, 8, 0.5),) + tuple(make_table(f"t{i}", 40, 8, 4.0 + i) for i in range(7))
+    need = sum(t.weight_bytes for t in tables)
+    instance = Instance("tiny-tiered-4", tables, Topology(1, 4, need // 3, host_memory_bytes=2 * need),
+                        Workload(batch_size=16), sharding_types=("table_wise", "row_wise")).validate()
+    started = _four_device_start(instance)
+    assert started is not None
+    candidates, centre, assembly = started
+    costs = assembly.costs()
+    lightest = int(np.argmin(costs))
+    ratio = costs[lightest] / np.delete(costs, lightest).mean()
+    assert balance.split_choices(assembly, centre.pools)
+    for share, splits in ((1 - ratio * (1 - 1e-9), False), (1 - ratio * (1 + 1e-9), True)):
+        monkeypatch.setattr(balance, "LIGHT_SHARE", share)
+        trial = Assembly(candidates)
+        trial.load(*assembly.snapshot())
+        pools = balance.split_light(trial, centre.pools, float("inf"))
+        assert (pools is centre.pools) != splits
+
+
+# A start whose lightest device stays light: its table of six rows at pooling 14.5 does much of its work.
+ONE_LIGHT_DEVICE = Instance("tiny-tiered-4", tuple(make_table(f"t{i}", rows, 8, pooling) for i, (rows, pooling) in
+                                                   enumerate([(118, 1.312), (6, 14.517), (14, 9.191), (36, 13.724),
+                                                              (38, 16.729), (44, 16.057)])),
+                            Topology(1, 4, 1566, host_memory_bytes=8192), Workload(batch_size=16),
+                            sharding_types=("table_wise", "row_wise")).validate()
+
+
+@examples(15)
+@given(four_device_tiered_instances(types=("table_wise", "row_wise", "table_row_wise"), most_hbm=1.0))
+@example(ONE_LIGHT_DEVICE)
+def test_a_settled_start_ends_no_higher_than_it_split_or_not(instance):
+    """Split or not, a settled start ends no higher than the start and within every tier; its pools are the
+    start's, or the start's without the one table it split, which then sits in an option of several pieces."""
+    from solvers.balance import settle_start
+
+    started = _four_device_start(instance)
+    assume(started is not None)
+    candidates, centre, assembly = started
+    peak = assembly.objective()
+    pools, proven, run = settle_start(assembly, centre.pools, float("inf"))
+    assert assembly.objective() <= peak * (1 + 1e-12) and _fits(assembly)
+    if pools is centre.pools:
+        assert "split" not in run
+        return
+    assert run["split"] == sorted(set(centre.pools) - set(pools)) and len(run["split"]) == 1
+    assert candidates.options.options[int(assembly.chosen[run["split"][0]])].parts > 1
+
+
+def test_splitting_a_table_of_a_device_left_light_settles_lower_than_the_start_settled_as_it_was(monkeypatch):
+    """The light device's work-heavy table split row-wise over the four devices, the settled layout ends lower
+    than the same start settled without it (LIGHT_SHARE 1: nothing is split)."""
+    import solvers.balance as balance
+
+    ends = []
+    for share in (balance.LIGHT_SHARE, 1.0):
+        monkeypatch.setattr(balance, "LIGHT_SHARE", share)
+        _, centre, assembly = _four_device_start(ONE_LIGHT_DEVICE)
+        _, _, run = balance.settle_start(assembly, centre.pools, float("inf"))
+        ends.append((assembly.objective(), run.get("split")))
+    (split, which), (whole, none) = ends
+    assert which == [1] and none is None
+    assert split < whole * (1 - 0.05)
