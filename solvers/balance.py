@@ -51,10 +51,16 @@ LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 
 # dropping them gave better plans on 9 of 10 tasks, and 0.2-1.3 % at 0.75, where it gave worse on 10 of 10.
 REPLICA_SAVING = 1e-3
 # How far below the mean of the others a start's lightest device may stay before one of its tables is split
-# (`split_light`). Levelled starts on tiers-80x8 under TorchRec's estimator put it at 0.95-0.995 of that mean on
+# (`split_start`). Levelled starts on tiers-80x8 under TorchRec's estimator put it at 0.95-0.995 of that mean on
 # 29 of 30 tasks; on test-099 at HBM 0.25 at 0.65, and settling never lifted it (128.1 at 40 s, 3.9 % above
 # the bound over every load factor); with the fused table that held half its HBM split, 124.0 at 10 s (0.58 %).
 LIGHT_SHARE = 0.1
+# The share of a device's HBM above which a table's one piece is split before the groups settle
+# (`split_choices`). On tiers-80x8 under TorchRec's estimator the knapsack's choice holds such a table on one
+# task in 30 (test-097 at HBM 0.5, 0.86; the next largest 0.58): split, 3.67 -> 2.07 % above the bound over
+# every load factor at 10 s. Split wherever one takes more than half (8 of 30), plans were worse on six of them
+# at 10 s: a split start settles from further away.
+BIG_SHARE = 0.75
 # What a group MILP's memory rows (bytes over bytes free) leave unused when solved again after a layout that
 # overfilled a device: HiGHS holds rows only to its feasibility tolerance (1e-6), which let a layout overfill a
 # device by 205 bytes (test-091 at HBM 0.25 under TorchRec's estimator), so the plan failed validation and a
@@ -689,27 +695,42 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
     return {"kicks": tried, "kicks_kept": kept}
 
 
-def split_choices(assembly: Assembly, pools: dict[int, np.ndarray]) -> list[tuple[int, int]]:
-    """(table, split option) to try: of the lightest device's movable tables, the one taking the most HBM and
-    the one doing the most work, each in its least-work option of several pieces none of which takes more
-    HBM than its one piece does now. The knapsack splits tables over HBM summed over devices; a table whose
-    one piece fills much of a device's HBM, or does much of its work, can leave that device light with no room
-    for more (tiers-80x8 under TorchRec's estimator, test-099 at HBM 0.25: a fused table at 0.49 of a
-    device's HBM left it at 91.5 against 128 on the others)."""
+def split_option(assembly: Assembly, table: int) -> int | None:
+    """The table's least-work option of several pieces none of which takes more HBM than its one piece does
+    now; None where it has none."""
     c = assembly.c
-    mine = _on(assembly, pools, [int(np.argmin(assembly.costs()))])
     hbm = c.total_storage[:, HBM]
+    now = int(assembly.chosen[table])
+    split = [int(o) for o in c.by_table[table] if c.live[o] and c.options.options[o].parts > 1
+             and c.storage[c.members(int(o)), HBM].max() <= hbm[now]]
+    return min(split, key=lambda o: c.work[o]) if split else None
+
+
+def split_choices(assembly: Assembly, pools: dict[int, np.ndarray]) -> list[tuple[int, int]]:
+    """(table, split option) to try, each table in its `split_option`: the movable tables whose one piece takes
+    more than BIG_SHARE of a device's HBM, most first; then, where the lightest device is more than LIGHT_SHARE
+    below the mean of the others, its table taking the most HBM and its table doing the most work. The
+    knapsack splits tables over HBM summed over devices; a table whose one piece fills much of a device's HBM,
+    or does much of its work, can leave that device with no room for its share of the rest (tiers-80x8 under
+    TorchRec's estimator: on test-099 at HBM 0.25 a fused table at 0.49 of a device's HBM left it at 91.5
+    against 128 on the others; on test-097 at 0.5 one at 0.86 kept the devices level but every other device
+    short of HBM)."""
+    c = assembly.c
+    hbm = c.total_storage[:, HBM]
+    capacity = float(c.instance.topology.capacity.as_array()[HBM])
+    tables = sorted((t for t in pools if hbm[assembly.chosen[t]] > BIG_SHARE * capacity),
+                    key=lambda t: -hbm[assembly.chosen[t]])
+    costs = assembly.costs()
+    lightest = int(np.argmin(costs))
+    if costs.size > 1 and costs[lightest] < (1 - LIGHT_SHARE) * float(np.delete(costs, lightest).mean()):
+        mine = _on(assembly, pools, [lightest])
+        tables += [max(mine, key=size) for size in (lambda t: hbm[assembly.chosen[t]],
+                                                    lambda t: c.work[assembly.chosen[t]]) if mine]
     choices = []
-    for size in (lambda t: hbm[assembly.chosen[t]], lambda t: c.work[assembly.chosen[t]]):
-        table = max(mine, key=size, default=None)
-        if table is None:
-            break
-        now = int(assembly.chosen[table])
-        split = [int(o) for o in c.by_table[table] if c.live[o] and c.options.options[o].parts > 1
-                 and c.storage[c.members(int(o)), HBM].max() <= hbm[now]]
-        choice = (table, min(split, key=lambda o: c.work[o])) if split else None
-        if choice is not None and choice not in choices:
-            choices.append(choice)
+    for table in dict.fromkeys(tables):
+        option = split_option(assembly, table)
+        if option is not None:
+            choices.append((table, option))
     return choices
 
 
@@ -733,14 +754,9 @@ def split_one(assembly: Assembly, pools: dict[int, np.ndarray], table: int, opti
     return None
 
 
-def split_light(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> dict[int, np.ndarray]:
-    """Where a start leaves its lightest device more than LIGHT_SHARE below the mean of the others, the first
-    of `split_choices` that finds room split (`split_one`): levelling cannot fill a device whose HBM one
-    table holds. The pools then (without the split table)."""
-    costs = assembly.costs()
-    lightest = int(np.argmin(costs))
-    if costs.size < 2 or costs[lightest] >= (1 - LIGHT_SHARE) * float(np.delete(costs, lightest).mean()):
-        return pools
+def split_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> dict[int, np.ndarray]:
+    """The first of `split_choices` that finds room split (`split_one`): levelling cannot fill a device whose
+    HBM one table holds. The pools then (without the split table)."""
     for table, option in split_choices(assembly, pools):
         if past(deadline):
             break
@@ -751,11 +767,11 @@ def split_light(assembly: Assembly, pools: dict[int, np.ndarray], deadline: floa
 
 
 def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> tuple[dict, set, dict]:
-    """A start settled, with a table of its lightest device split first (`split_light`) where that ends below
+    """A start settled, with a table of its lightest device split first (`split_start`) where that ends below
     the start; else the start as it was, settled. The pools, the group states proven (per assembly and
     pools: the split pieces are not part of a group's state) and what was done."""
     before, start = assembly.snapshot(), assembly.objective()
-    split = split_light(assembly, pools, deadline)
+    split = split_start(assembly, pools, deadline)
     if split is not pools:
         proven: set = set()
         run = settle(assembly, split, deadline, proven)

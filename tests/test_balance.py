@@ -547,11 +547,12 @@ def test_highs_prints_nothing_on_the_commands_stdout_and_what_python_printed_bef
 @examples(20)
 @given(four_device_tiered_instances(types=("table_wise", "row_wise", "table_row_wise"), most_hbm=1.0))
 def test_a_split_leaves_every_other_table_on_its_device_within_memory_or_changes_nothing(instance):
-    """Each of the lightest device's tables `split_choices` names is its largest in HBM or in work, in its
-    least-work option of several pieces none of which takes more HBM than its one piece; `split_one` puts it
-    in that option and every other movable table on the device it was on, all within every binding tier, the
-    pools without it — or, finding no room, leaves the assembly as it was."""
-    from solvers.balance import split_choices, split_one
+    """Each table `split_choices` names takes more than BIG_SHARE of a device's HBM (those first, most first),
+    or is the lightest device's largest in HBM or in work where that device is more than LIGHT_SHARE below
+    the others' mean; it comes in its least-work option of several pieces none of which takes more HBM than
+    its one piece. `split_one` puts it in that option and every other movable table on the device it was on,
+    all within every binding tier, the pools without it — or, finding no room, leaves the assembly as it was."""
+    from solvers.balance import BIG_SHARE, LIGHT_SHARE, split_choices, split_one
 
     started = _four_device_start(instance)
     assume(started is not None)
@@ -560,17 +561,27 @@ def test_a_split_leaves_every_other_table_on_its_device_within_memory_or_changes
     device_of = {t: int(assembly.device[candidates.members(int(assembly.chosen[t]))[0]]) for t in centre.pools}
     hbm = candidates.total_storage[:, 0]
     mine = [t for t, d in device_of.items() if d == lightest]
+    costs = assembly.costs()
+    light = costs[lightest] < (1 - LIGHT_SHARE) * np.delete(costs, lightest).mean()
+    big = [hbm[assembly.chosen[t]] > BIG_SHARE * instance.topology.memory_bytes for t in centre.pools]
     choices = split_choices(assembly, centre.pools)
-    for table, option in choices:
-        assert table in mine and candidates.options.options[option].parts > 1
+    shares = [hbm[assembly.chosen[t]] for t, _ in choices]
+    for i, (table, option) in enumerate(choices):
+        assert candidates.options.options[option].parts > 1
         now = int(assembly.chosen[table])
         assert candidates.storage[candidates.members(option), 0].max() <= hbm[now]
-        assert hbm[now] == max(hbm[assembly.chosen[t]] for t in mine) or \
-            candidates.work[now] == max(candidates.work[assembly.chosen[t]] for t in mine)
         splits = [o for o in candidates.by_table[table] if candidates.live[o]
                   and candidates.options.options[o].parts > 1
                   and candidates.storage[candidates.members(int(o)), 0].max() <= hbm[now]]
         assert candidates.work[option] == min(candidates.work[o] for o in splits)
+        if hbm[now] > BIG_SHARE * instance.topology.memory_bytes:
+            assert shares[:i + 1] == sorted(shares[:i + 1], reverse=True)
+            continue
+        assert light and table in mine
+        assert hbm[now] == max(hbm[assembly.chosen[t]] for t in mine) or \
+            candidates.work[now] == max(candidates.work[assembly.chosen[t]] for t in mine)
+    if not light and not any(big):
+        assert choices == []
     for table, option in choices:
         state = _state(assembly)
         rest = split_one(assembly, centre.pools, table, option, float("inf"))
@@ -585,8 +596,10 @@ def test_a_split_leaves_every_other_table_on_its_device_within_memory_or_changes
 
 
 def test_a_start_has_a_table_split_exactly_where_its_lightest_device_is_below_the_share(monkeypatch):
-    """`split_light` splits nothing where the lightest device is within LIGHT_SHARE of the others' mean, and
-    splits where it is below: the threshold is the rule, tried on both sides of one start's ratio."""
+    """With no table taken as big (BIG_SHARE infinite), `split_start` splits nothing where the lightest device
+    is within LIGHT_SHARE of the others' mean, and splits where it is below: the threshold is the rule, tried
+    on both sides of one start's ratio; with BIG_SHARE just below the largest table's share of a device's
+    HBM, that table is split whatever the ratio."""
     import solvers.balance as balance
 
     tables = (make_table("big", 400, 8, 0.5),) + tuple(make_table(f"t{i}", 40, 8, 4.0 + i) for i in range(7))
@@ -599,13 +612,21 @@ def test_a_start_has_a_table_split_exactly_where_its_lightest_device_is_below_th
     costs = assembly.costs()
     lightest = int(np.argmin(costs))
     ratio = costs[lightest] / np.delete(costs, lightest).mean()
-    assert balance.split_choices(assembly, centre.pools)
-    for share, splits in ((1 - ratio * (1 - 1e-9), False), (1 - ratio * (1 + 1e-9), True)):
-        monkeypatch.setattr(balance, "LIGHT_SHARE", share)
+    hbm = candidates.total_storage[:, 0]
+    largest = max(centre.pools, key=lambda t: hbm[assembly.chosen[t]])
+    share = hbm[assembly.chosen[largest]] / instance.topology.memory_bytes
+    cases = ((1 - ratio * (1 - 1e-9), np.inf, None),
+             (1 - ratio * (1 + 1e-9), np.inf, "any"),
+             (1 - ratio * (1 - 1e-9), share * (1 - 1e-9), largest))
+    for light, big, split in cases:
+        monkeypatch.setattr(balance, "LIGHT_SHARE", light)
+        monkeypatch.setattr(balance, "BIG_SHARE", big)
         trial = Assembly(candidates)
         trial.load(*assembly.snapshot())
-        pools = balance.split_light(trial, centre.pools, float("inf"))
-        assert (pools is centre.pools) != splits
+        pools = balance.split_start(trial, centre.pools, float("inf"))
+        assert (pools is centre.pools) == (split is None)
+        if split not in (None, "any"):
+            assert set(centre.pools) - set(pools) == {split}
 
 
 # A start whose lightest device stays light: its table of six rows at pooling 14.5 does much of its work.
@@ -639,12 +660,13 @@ def test_a_settled_start_ends_no_higher_than_it_split_or_not(instance):
 
 def test_splitting_a_table_of_a_device_left_light_settles_lower_than_the_start_settled_as_it_was(monkeypatch):
     """The light device's work-heavy table split row-wise over the four devices, the settled layout ends lower
-    than the same start settled without it (LIGHT_SHARE 1: nothing is split)."""
+    than the same start settled without it (LIGHT_SHARE 1, BIG_SHARE infinite: nothing is split)."""
     import solvers.balance as balance
 
     ends = []
-    for share in (balance.LIGHT_SHARE, 1.0):
+    for share, big in ((balance.LIGHT_SHARE, balance.BIG_SHARE), (1.0, np.inf)):
         monkeypatch.setattr(balance, "LIGHT_SHARE", share)
+        monkeypatch.setattr(balance, "BIG_SHARE", big)
         _, centre, assembly = _four_device_start(ONE_LIGHT_DEVICE)
         _, _, run = balance.settle_start(assembly, centre.pools, float("inf"))
         ends.append((assembly.objective(), run.get("split")))
