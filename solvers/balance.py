@@ -5,7 +5,8 @@ less) are solved again exactly — which of their tables goes
 where, in which option — from their current layout, until no group lowers the busiest device; any two devices
 that can do the same work for less take that layout before it goes on. The centre is the knapsack over
 memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing;
-where a start leaves one device far lighter than the rest, a table of it is split over the devices first.
+a table that takes most of a device's HBM, or one of a device a start leaves far lighter than the rest, is
+split over the devices first.
 Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
 better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
 out among them at random (seeded), each device's options chosen again, and the groups settled again; a
@@ -51,7 +52,7 @@ LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 
 # dropping them gave better plans on 9 of 10 tasks, and 0.2-1.3 % at 0.75, where it gave worse on 10 of 10.
 REPLICA_SAVING = 1e-3
 # How far below the mean of the others a start's lightest device may stay before one of its tables is split
-# (`split_start`). Levelled starts on tiers-80x8 under TorchRec's estimator put it at 0.95-0.995 of that mean on
+# (`split_choices`). Levelled starts on tiers-80x8 under TorchRec's estimator put it at 0.95-0.995 of that mean on
 # 29 of 30 tasks; on test-099 at HBM 0.25 at 0.65, and settling never lifted it (128.1 at 40 s, 3.9 % above
 # the bound over every load factor); with the fused table that held half its HBM split, 124.0 at 10 s (0.58 %).
 LIGHT_SHARE = 0.1
@@ -248,8 +249,8 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
             initial[peak] = _busiest(assembly, devices, [columns[j][1:] for j in picked]) / scale
     memory_rows = [device_row[d] + 1 + i for d in devices for i in range(len(tiers))]
     deadline = time.monotonic() + time_limit
+    upper = np.asarray(upper, dtype=float)
     for slack in (0.0, MEMORY_ROW_SLACK):
-        upper = np.asarray(upper, dtype=float)
         upper[memory_rows] = 1.0 - slack
         x, proven = _highs(objective, matrix, lower, list(upper),
                            np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
@@ -282,18 +283,20 @@ def _busiest(assembly: Assembly, devices: list[int], placed: list[tuple[int, int
     return max(load.values())
 
 
+def _device_of(assembly: Assembly, table: int) -> int:
+    """The device of a table placed in one piece."""
+    return int(assembly.device[assembly.c.members(int(assembly.chosen[table]))[0]])
+
+
 def _on(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int]) -> list[int]:
-    c = assembly.c
-    return [t for t in pools if int(assembly.device[c.members(int(assembly.chosen[t]))[0]]) in devices]
+    return [t for t in pools if _device_of(assembly, t) in devices]
 
 
 def group_state(assembly: Assembly, tables: list[int], devices: list[int], cap: bool) -> tuple:
     """What a group's MILP depends on besides its time: the devices, whether it is capped (the cap is their
     busiest), and the movable `tables` they hold, each with its option and device (the rest of a device —
     split pieces and replicas — stays as it is for a whole search)."""
-    c = assembly.c
-    placed = tuple((t, int(assembly.chosen[t]), int(assembly.device[c.members(int(assembly.chosen[t]))[0]]))
-                   for t in tables)
+    placed = tuple((t, int(assembly.chosen[t]), _device_of(assembly, t)) for t in tables)
     return tuple(devices), cap, placed
 
 
@@ -739,9 +742,8 @@ def split_one(assembly: Assembly, pools: dict[int, np.ndarray], table: int, opti
     """`table` in the split `option` instead of its one piece, every other movable table left on its device
     with its options chosen again for what that device has left (`per_device`): the pools without `table`.
     None, the assembly as it was, where the pieces or a device's tables find no room."""
-    c = assembly.c
     before = assembly.snapshot()
-    where = {t: int(assembly.device[c.members(int(assembly.chosen[t]))[0]]) for t in pools if t != table}
+    where = {t: _device_of(assembly, t) for t in pools if t != table}
     for t in pools:
         assembly.take(t)
     trial = assembly.fit(option)
@@ -767,8 +769,8 @@ def split_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: floa
 
 
 def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> tuple[dict, set, dict]:
-    """A start settled, with a table of its lightest device split first (`split_start`) where that ends below
-    the start; else the start as it was, settled. The pools, the group states proven (per assembly and
+    """A start settled, with a table split first (`split_start`) where that ends below the start; else the
+    start as it was, settled. The pools, the group states proven (per assembly and
     pools: the split pieces are not part of a group's state) and what was done."""
     before, start = assembly.snapshot(), assembly.objective()
     split = split_start(assembly, pools, deadline)
