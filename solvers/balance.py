@@ -7,13 +7,15 @@ that can do the same work for less take that layout before it goes on. The centr
 memory summed over devices, without the data-parallel replicas it keeps where they save next to nothing;
 a table that takes most of a device's HBM, or one of a device a start leaves far lighter than the rest, is
 split over the devices first.
-One start, the knapsack's own choice. Then, while time is left, kicks from it: the busiest device's and two
-others' tables dealt out among them at random (seeded), each device's options chosen again, and the groups
-settled again; a kicked layout is kept where it ends lower."""
+Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
+better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
+out among them at random (seeded), each device's options chosen again, and the groups settled again; a
+kicked layout is kept where it ends lower."""
 from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +46,7 @@ TRIPLE_TIME_CAP = 0.3
 KICKED = 3               # devices whose tables a kick deals out again: the busiest and two others
 FRUITLESS_KICKS = 10     # kicks in a row that end no lower, after which the search stops
 STRANDED_ROUNDS = 3      # knapsack solves at most, each splitting the tables whose single pieces fit nowhere
+LAMBDA_STEPS = 60        # bisection steps on the HBM price (relative precision 2^-60)
 # The most extra work, relative, that a centre without data-parallel replicas may do and still be taken
 # (`split_centre`): under TorchRec's estimator at 80 x 8 replicas saved 0.01-0.08 % at HBM 0.25, where
 # dropping them gave better plans on 9 of 10 tasks, and 0.2-1.3 % at 0.75, where it gave worse on 10 of 10.
@@ -89,6 +92,28 @@ def piece_ceiling(candidates: Candidates, chosen: np.ndarray, split_costs: np.nd
     """The average load of `chosen` less the least any device carries of the split tables (`split_costs`): a
     single piece dearer than that would set the makespan alone."""
     return float(candidates.work[chosen].sum()) / split_costs.size - float(split_costs.min())
+
+
+def priced_choice(candidates: Candidates, pools: dict[int, np.ndarray], hbm_left: float) -> dict[int, int]:
+    """Per movable table, its option of least work + λ · HBM bytes, for the least price λ ≥ 0 (bisected) at
+    which their HBM fits in `hbm_left`: the Lagrangian choice of the knapsack over those tables."""
+    work, hbm = candidates.work, candidates.total_storage[:, HBM].astype(float)
+
+    def choice(price: float) -> dict[int, int]:
+        return {t: int(ids[np.argmin(work[ids] + price * hbm[ids])]) for t, ids in pools.items()}
+
+    def used(price: float) -> float:
+        return sum(hbm[o] for o in choice(price).values())
+
+    low, high = 0.0, 1.0 / max(float(hbm.max(initial=0.0)), 1.0) * max(float(work.max(initial=0.0)), 1e-300)
+    if used(low) <= hbm_left:
+        return choice(low)
+    while used(high) > hbm_left and high < 1e300:
+        high *= 2
+    for _ in range(LAMBDA_STEPS):
+        middle = (low + high) / 2
+        low, high = (middle, high) if used(middle) > hbm_left else (low, middle)
+    return choice(high)
 
 
 def spread(assembly: Assembly, choice: dict[int, int]) -> dict[int, int]:
@@ -416,15 +441,28 @@ def centre_over(candidates: Candidates, keep: np.ndarray, deadline: float, knaps
     return None
 
 
-def balanced_start(candidates: Candidates, centre: Centre, deadline: float,
-                   level_until: float | None = None) -> Assembly | None:
-    """The centre's split tables placed first, then its single-piece tables in the centre's own options,
-    spread over the devices, levelled (`level`, until `level_until`, else not at all), and each device's
-    options chosen exactly; None where a step finds no room."""
+def knapsack_choice(centre: Centre, assembly: Assembly) -> dict[int, int]:
+    """The knapsack's own option for each single-piece table."""
+    return {t: int(centre.chosen[t]) for t in centre.pools}
+
+
+def one_price_choice(centre: Centre, assembly: Assembly) -> dict[int, int]:
+    """Each single-piece table's option at the one HBM price at which they fill what the split tables leave."""
+    return priced_choice(assembly.c, centre.pools, float(assembly.free[:, HBM].sum()))
+
+
+STARTS = (("knapsack", knapsack_choice), ("one price", one_price_choice))  # tried in this order while time is left
+
+
+def balanced_start(candidates: Candidates, centre: Centre, choose: Callable[[Centre, Assembly], dict[int, int]],
+                   deadline: float, level_until: float | None = None) -> Assembly | None:
+    """The centre's split tables placed first, then its single-piece tables in the options `choose` gives
+    them, spread over the devices, levelled (`level`, until `level_until`, else not at all), and each
+    device's options chosen exactly; None where a step finds no room."""
     assembly = with_splits(candidates, centre.chosen, centre.pools)
     if assembly is None:
         return None
-    where = spread(assembly, {t: int(centre.chosen[t]) for t in centre.pools})
+    where = spread(assembly, choose(centre, assembly))
     if level_until is not None:
         where = level(assembly, where, centre.pools, min(level_until, deadline))
     placed = per_device(assembly, where, range(assembly.k), centre.pools, deadline)
@@ -748,7 +786,7 @@ def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: flo
 
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
-          "work for less; then seeded kicks (three devices' tables dealt out again) while time is "
+          "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
           "left; bounded by the LP over options; additive oracles",
           needs_additive=True, splits=True, lp_bounded=True, stochastic=True, backends=("highspy",))
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
@@ -761,19 +799,19 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         return bound is not None and assembly.objective() <= bound * (1 + OPTIMALITY_TOLERANCE)
 
     centre = split_centre(candidates, deadline, KNAPSACK_SHARE * budget.time_limit)
-    # One start: a second, each table at one price on HBM, settled after the first while time was left, was
-    # kept on 8 of 30 tasks (tiers-80x8 under TorchRec's estimator, `plan` with pair-balance alone at 30 s, on a
-    # busy machine). With that time given to the first start's groups and kicks instead, 3 tasks ended more than
-    # 0.05 points lower (test-092 at 0.75 1.08 -> 0.55 % above the bound over every load factor, 094 at 0.75
-    # 2.26 -> 1.94 %, 090 at 0.25 0.31 -> 0.23 %), one higher (090 at 0.75, 0.50 -> 0.60 %), within 1 % on 24
-    # against 23; `plan` at 10 s at HBM 0.25 lower on 3 of 10, higher on none.
     best, pools, proven, stats = None, None, set(), {}
-    if centre is not None:
-        best = balanced_start(candidates, centre, deadline, time.monotonic() + LEVEL_SHARE * budget.time_limit)
-    if best is not None:
-        stats = {"start": "knapsack", "start_objective": best.objective()}
-        pools, proven, run = settle_start(best, centre.pools, deadline)
-        stats.update(run)
+    for name, choose in STARTS if centre is not None else ():
+        if best is not None and (past(deadline) or meets_bound(best)):
+            break
+        assembly = balanced_start(candidates, centre, choose, deadline,
+                                  time.monotonic() + LEVEL_SHARE * budget.time_limit)
+        if assembly is None:
+            continue
+        stats.setdefault("start_objective", assembly.objective())
+        pools_here, mine, run = settle_start(assembly, centre.pools, deadline)
+        stats["starts"] = stats.get("starts", 0) + 1
+        if best is None or assembly.objective() < best.objective() * (1 - RELATIVE_STEP):
+            best, pools, proven, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
     if best is None:
         # Where no balanced start finds room, split-greedy's plan is the one the groups rebalance.
         best = split_greedy(candidates, problem.chooses_options, deadline)

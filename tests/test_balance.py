@@ -24,7 +24,7 @@ from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly
 from solvers.base import OPTIMALITY_TOLERANCE
 from solvers.bounds import lp_bound
-from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, level,
+from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, knapsack_choice, level,
                              movable, regroup, split_centre, spread, with_splits, without_replicas)
 
 
@@ -215,7 +215,7 @@ def test_pair_balance_plans_are_valid_never_below_the_optimum_and_the_same_for_t
     assert first.lower_bound is not None and first.lower_bound <= optimum * (1 + 1e-9)  # the LP's, or an option bound
     assert first.lower_bound >= lp_bound(Candidates.build(instance, oracle)) * (1 - 1e-9)
     assert first.objective <= first.stats["start_objective"] * (1 + 1e-12)
-    assert first.stats["start"] in ("knapsack", "split-greedy")
+    assert first.stats["start"] in ("knapsack", "one price", "split-greedy")
     assert first.plan == second.plan and first.objective == second.objective
 
 
@@ -316,7 +316,7 @@ def _four_device_start(instance):
     """The instance's candidates, centre and balanced start (knapsack choice); None where there is none."""
     candidates = Candidates.build(instance, get_oracle("analytic"))
     centre = split_centre(candidates, float("inf"), 1.0)
-    assembly = None if centre is None else balanced_start(candidates, centre, float("inf"))
+    assembly = None if centre is None else balanced_start(candidates, centre, knapsack_choice, float("inf"))
     return None if assembly is None else (candidates, centre, assembly)
 
 
@@ -475,7 +475,7 @@ def test_levelling_keeps_every_table_once_and_never_raises_the_busiest_devices_f
     assume(centre is not None)
     assembly = with_splits(candidates, centre.chosen, centre.pools)
     assume(assembly is not None)
-    where = spread(assembly, {t: int(centre.chosen[t]) for t in centre.pools})
+    where = spread(assembly, knapsack_choice(centre, assembly))
     free, costs = assembly.free.copy(), assembly.costs().copy()
     levelled = level(assembly, where, centre.pools, float("inf"))
     assert (assembly.free == free).all() and (assembly.costs() == costs).all()
