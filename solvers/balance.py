@@ -38,11 +38,17 @@ KNAPSACK_SHARE = 0.25
 # Of the budget, the most a start's levelling may take: 0.2-0.45 s at 80 x 8 beside another member, 3.7 s at
 # 200 x 16; a levelling cut short leaves a start that depends on the load, as above.
 LEVEL_SHARE = 0.1
-GROUP_TIME_CAP = 1.0     # seconds one pair's MILP may take (most take well under 0.5 s at 80 x 8)
-# Seconds a group of three may take: most run out of time without proving anything, and what they find
-# they mostly find early from the current layout (tiers-80x8 under TorchRec's estimator: 1 s each was 20-40 %
-# of a 30 s run for one kept group in ten).
-TRIPLE_TIME_CAP = 0.3
+# Branch-and-bound nodes one group's MILP may explore: a pair (or one device), and a group of three. Most of
+# a group of three's run finds nothing it did not find early from the current layout (tiers-80x8 under
+# TorchRec's estimator: 1 s each was 20-40 % of a 30 s run for one kept group in ten). Cut by nodes rather than
+# by seconds, a group ends the same way whatever the machine's load: cut at 0.3 s, test-092 at HBM 0.75 on the
+# grid ended 0.69 % above the LP bound alone and 1.26 % beside another run. There, 17 of 504 MILPs stopped at
+# 0.3 s, having explored 128-237 nodes; those proven optimal took up to 568 nodes (0.39 s).
+GROUP_NODES = 1000
+TRIPLE_NODES = 200
+# Seconds a group's MILP may take in any case, where nodes come slowly (well above what its nodes take here).
+GROUP_TIME_CAP = 3.0
+TRIPLE_TIME_CAP = 1.0
 KICKED = 3               # devices whose tables a kick deals out again: the busiest and two others
 FRUITLESS_KICKS = 10     # kicks in a row that end no lower, after which the search stops
 STRANDED_ROUNDS = 3      # knapsack solves at most, each splitting the tables whose single pieces fit nowhere
@@ -150,10 +156,12 @@ class Regroup:
 
 
 def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper: np.ndarray, integers: int,
-           time_limit: float, start: np.ndarray | None, enough: float | None = None) -> tuple[np.ndarray | None, bool]:
+           time_limit: float, start: np.ndarray | None, enough: float | None = None,
+           nodes: int | None = None) -> tuple[np.ndarray | None, bool]:
     """HiGHS on min objective·x, lower ≤ matrix·x ≤ upper, 0 ≤ x ≤ column_upper, the first `integers`
     columns integral, handed `start` as its first incumbent, and stopped as soon as one is at or below
-    `enough`: the solution, or None where it has none, and whether it is proven optimal."""
+    `enough`, or after `nodes` branch-and-bound nodes: the solution, or None where it has none, and whether
+    it is proven optimal."""
     import highspy
 
     csc = matrix.tocsc()
@@ -171,6 +179,8 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
     solver.setOptionValue("output_flag", False)
     solver.setOptionValue("threads", 1)
     solver.setOptionValue("time_limit", max(time_limit, 0.01))
+    if nodes is not None:
+        solver.setOptionValue("mip_max_nodes", nodes)
     solver.passModel(model)
     if start is not None:
         # Feasibility jump only looks for a first layout, which the start already is (groups replayed from two
@@ -197,15 +207,17 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
 
 def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: dict[int, np.ndarray],
             time_limit: float, cap: float | None = None,
-            start: dict[int, tuple[int, int]] | None = None, enough: float | None = None) -> Regroup | None:
+            start: dict[int, tuple[int, int]] | None = None, enough: float | None = None,
+            nodes: int | None = None) -> Regroup | None:
     """The exact MILP (HiGHS) over `tables` (taken out of the assembly) and `devices`: each table one option
     of its pool on one of them, every binding memory tier within what the devices have left, and the busiest
     of them as light as can be — or, given a `cap`, every one of them at most `cap` and their work summed as
     small as can be. `start` (per table its option and device, the layout the tables were taken from) is
     HiGHS's first incumbent: a group that cannot do better is done once the bound meets it, and one stopped
-    at its time limit keeps at least it (tiers-80x8 under TorchRec's estimator at 30 s: groups of three
+    at its time or node limit keeps at least it (tiers-80x8 under TorchRec's estimator at 30 s: groups of three
     found better layouts where they ran out of time before). Given `enough`, HiGHS stops at the first layout
-    whose busiest device costs at most that. None where HiGHS finds no layout within the time limit."""
+    whose busiest device costs at most that; given `nodes`, after that many branch-and-bound nodes. None where
+    HiGHS finds no layout within its limits."""
     from scipy.sparse import coo_matrix
 
     c = assembly.c
@@ -254,7 +266,8 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
         upper[memory_rows] = 1.0 - slack
         x, proven = _highs(objective, matrix, lower, list(upper),
                            np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
-                           peak, deadline - time.monotonic(), initial, None if enough is None else enough / scale)
+                           peak, deadline - time.monotonic(), initial, None if enough is None else enough / scale,
+                           nodes)
         if x is None:
             return None
         layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
@@ -325,7 +338,7 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
 
     old = {t: assembly.take(t) for t in tables}
     start = {t: (option, int(where[0])) for t, (option, where) in old.items()}
-    limit = GROUP_TIME_CAP if len(devices) <= 2 else TRIPLE_TIME_CAP
+    limit, nodes = (GROUP_TIME_CAP, GROUP_NODES) if len(devices) <= 2 else (TRIPLE_TIME_CAP, TRIPLE_NODES)
     enough = None
     if cap is None:
         # Levelled halfway from the busiest device outside it to its own mean, a group has done its part:
@@ -336,7 +349,8 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
         top = float(np.delete(everywhere, devices).max(initial=-np.inf))
         mean = total / len(devices)
         enough = min((top + mean) / 2 if top > mean else top, peak * (1 - RELATIVE_STEP))
-    found = regroup(assembly, devices, tables, pools, min(limit, deadline - time.monotonic()), cap, start, enough)
+    found = regroup(assembly, devices, tables, pools, min(limit, deadline - time.monotonic()), cap, start, enough,
+                    nodes)
     if found is not None:
         for t, (o, d) in found.layout.items():
             assembly.put(o, np.array([d]))
@@ -574,7 +588,7 @@ def per_device(assembly: Assembly, where: dict[int, int], devices, pools: dict[i
         mine = [t for t in where if where[t] == d]
         if not mine:
             continue
-        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()))
+        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()), nodes=GROUP_NODES)
         if found is None:
             for t in placed:
                 assembly.take(t)
