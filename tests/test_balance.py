@@ -80,14 +80,17 @@ def test_a_regrouped_device_pair_is_the_best_layout_of_its_tables(instance):
 @given(tiny_tiered_instances(max_tables=3), st.data())
 @example(THREE_TINY_TABLES, None)
 def test_a_group_handed_its_layout_ends_no_worse_than_it_and_at_the_best_given_time(instance, data):
-    """Handed one of the layouts that fit as its start, the group keeps at least it however short its time,
-    and still ends at the best layout given time (brute force)."""
+    """Handed one of the layouts that fit as its start, the group keeps at least it however short its time or
+    few its nodes (then the same layout every time), and still ends at the best layout given time (brute
+    force)."""
     assembly, pools, tables, layouts = _pair_layouts(instance)
     assume(layouts)
     peak, _, layout = layouts[0] if data is None else data.draw(st.sampled_from(layouts))
     start = dict(zip(tables, layout))
     quick = regroup(assembly, [0, 1], tables, pools, 0.0, start=start)
     assert quick is not None and quick.peak <= peak * (1 + 1e-9)
+    few = [regroup(assembly, [0, 1], tables, pools, 10.0, start=start, nodes=1) for _ in range(2)]
+    assert few[0] is not None and few[0].peak <= peak * (1 + 1e-9) and few[0].layout == few[1].layout
     found = regroup(assembly, [0, 1], tables, pools, 10.0, start=start)
     assert found is not None and found.peak == pytest.approx(min(p for p, _, _ in layouts), rel=1e-4, abs=1e-12)
 
@@ -139,10 +142,10 @@ def test_the_start_handed_to_highs_is_the_layout_and_fits_every_row(instance, da
     handed = {}
     real = balance._highs
 
-    def spy(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough):
+    def spy(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough, nodes):
         handed.update(matrix=matrix.tocsr(), lower=np.asarray(lower, float), upper=np.asarray(upper, float),
                       column_upper=column_upper, integers=integers, start=start)
-        return real(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough)
+        return real(objective, matrix, lower, upper, column_upper, integers, time_limit, start, enough, nodes)
 
     balance._highs = spy
     try:
