@@ -313,6 +313,13 @@ def group_state(assembly: Assembly, tables: list[int], devices: list[int], cap: 
     return tuple(devices), cap, placed
 
 
+def group_limits(devices: list[int], deadline: float) -> tuple[float, int]:
+    """The seconds (within `deadline`) and branch-and-bound nodes a MILP over these devices may take: a pair's
+    or one device's, or a group of three's."""
+    seconds, nodes = (GROUP_TIME_CAP, GROUP_NODES) if len(devices) <= 2 else (TRIPLE_TIME_CAP, TRIPLE_NODES)
+    return min(seconds, deadline - time.monotonic()), nodes
+
+
 def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int], deadline: float,
               cap: float | None = None, proven: set | None = None) -> bool:
     """Solves the group again and keeps the new layout where its busiest device costs less than before — or,
@@ -338,7 +345,6 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
 
     old = {t: assembly.take(t) for t in tables}
     start = {t: (option, int(where[0])) for t, (option, where) in old.items()}
-    limit, nodes = (GROUP_TIME_CAP, GROUP_NODES) if len(devices) <= 2 else (TRIPLE_TIME_CAP, TRIPLE_NODES)
     enough = None
     if cap is None:
         # Levelled halfway from the busiest device outside it to its own mean, a group has done its part:
@@ -349,8 +355,8 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
         top = float(np.delete(everywhere, devices).max(initial=-np.inf))
         mean = total / len(devices)
         enough = min((top + mean) / 2 if top > mean else top, peak * (1 - RELATIVE_STEP))
-    found = regroup(assembly, devices, tables, pools, min(limit, deadline - time.monotonic()), cap, start, enough,
-                    nodes)
+    seconds, nodes = group_limits(devices, deadline)
+    found = regroup(assembly, devices, tables, pools, seconds, cap, start, enough, nodes)
     if found is not None:
         for t, (o, d) in found.layout.items():
             assembly.put(o, np.array([d]))
@@ -588,7 +594,8 @@ def per_device(assembly: Assembly, where: dict[int, int], devices, pools: dict[i
         mine = [t for t in where if where[t] == d]
         if not mine:
             continue
-        found = regroup(assembly, [d], mine, pools, min(GROUP_TIME_CAP, deadline - time.monotonic()), nodes=GROUP_NODES)
+        seconds, nodes = group_limits([d], deadline)
+        found = regroup(assembly, [d], mine, pools, seconds, nodes=nodes)
         if found is None:
             for t in placed:
                 assembly.take(t)
