@@ -15,8 +15,8 @@ def plan(instance: Instance, oracle: str | None = None, budget: float = 10.0, so
     """The best validated plan any member of the portfolio finds within `budget` seconds under `oracle`
     (None: shardbench.pipeline's default, TorchRec's estimator where TorchRec can be imported), with the
     best bound any of them proved; `solvers` replaces the recommendation (best-greedy always runs too); a
-    plan certified within `gap` (a fraction of the bound, as everywhere) stops the search early; the kept
-    plan's caches are re-sized off the options' grid of load factors — and, under TorchRec's estimator, caches
+    plan certified within `gap` (a fraction of the bound, as everywhere) stops the search early; the
+    members' plans' caches are re-sized off the options' grid of load factors — and, under TorchRec's estimator, caches
     offered the load factors the LP over every load factor picks — unless `resize_caches` is False."""
     return run(plan_request(instance, oracle, budget=budget, solvers=solvers, seed=seed, rules=rules, gap=gap,
                             resize_caches=resize_caches)).result

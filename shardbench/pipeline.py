@@ -85,8 +85,8 @@ class PlanRequest:
     recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
     types and compute kernels to plan with (None: the instance's), a rules file for the recommender, for a
     replan the previous plan with its move budget, and whether caches may leave the options' grid of load
-    factors (`resize_caches`: offered the load factors the LP over every load factor picks, and the kept
-    plan's re-sized; never in a replan)."""
+    factors (`resize_caches`: offered the load factors the LP over every load factor picks, and the
+    members' plans re-sized, the lowest kept; never in a replan)."""
 
     instance: Instance
     oracle: str
@@ -304,7 +304,7 @@ def race(priced: Priced, members: tuple[str, ...], seed: int) -> Race:
 
 def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = True) -> PortfolioResult:
     """The best member's plan validated against the instance and priced again (the plan handed over is the
-    plan rated), its caches re-sized off the grid of load factors where `resize` and that lowers it, with the
+    plan rated), or where `resize`, the lowest of the members' plans with their caches re-sized off the grid, with the
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)

@@ -26,7 +26,7 @@ from .isolation import Job, Outcome, run_isolated
 # validating the chosen plan, and re-sizing its caches (solvers.cache_sizes prices at most 25,000 pieces,
 # about 0.25 s under TorchRec's estimator).
 PARENT_MARGIN_S = 0.5
-RESIZE_FLOOR_S = 0.25  # what re-sizing may take past the promise where the members took it all
+RESIZE_FLOOR_S = 0.25  # what re-sizing (every member's plan) may take past the promise where the members took it all
 RESIZE_GAIN = 1e-9     # the least relative saving a re-sized plan is handed over for (not float noise)
 
 
@@ -222,8 +222,9 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
            resize: Budget | None = None) -> PortfolioResult:
     """The best member's plan, validated and priced again here (the plan handed over is the plan rated), with
     the best bound any member proved for the problem as posed (never above the plan on the grid); given the
-    race's clock (`resize`), its caches re-sized off the grid of load factors where that lowers it
-    (`resized_caches`, within what the clock leaves) and the wall time taken to the end of that."""
+    race's clock (`resize`), the lowest plan once the members' caches are re-sized off the grid of load
+    factors (`resized_caches`, the best on the grid first, within what the clock leaves), where that is lower,
+    and the wall time taken to the end of that."""
     instance, members = problem.instance, race.members
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
@@ -233,16 +234,33 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
     if not with_plan:
         return PortfolioResult(None, None, None, bound, race.wall_s, members, race.stopped, skipped, pricing)
-    best = min(with_plan, key=lambda m: (m.result.objective, race.names.index(m.solver)))
+    ranked = sorted(with_plan, key=lambda m: (m.result.objective, race.names.index(m.solver)))
+    best = ranked[0]
     plan = best.result.plan.validate(instance)
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
     objective = problem.oracle.plan_cost(instance, plan)
     bound = min(bound, objective) if bound is not None else None
     grid_objective = None
     if resize is not None:
-        resized = resized_caches(problem, plan, objective, max(resize.deadline(), time.monotonic() + RESIZE_FLOOR_S))
+        until = max(resize.deadline(), time.monotonic() + RESIZE_FLOOR_S)
+        resized = resized_caches(problem, plan, objective, until)
         if resized is not None:
             (plan, objective), grid_objective = resized, objective
+        tried = [best.result.plan]
+        # The other members' plans re-sized too, best on the grid first, while the clock leaves time: one a
+        # little dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's
+        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12).
+        for member in ranked[1:]:
+            if time.monotonic() >= until:
+                break
+            if member.result.plan in tried:
+                continue
+            tried.append(member.result.plan)
+            other = member.result.plan.validate(instance)
+            on_grid = problem.oracle.plan_cost(instance, other)
+            lower = resized_caches(problem, other, on_grid, until)
+            if lower is not None and lower[1] < objective * (1 - RESIZE_GAIN):
+                (plan, objective), grid_objective, best = lower, on_grid, member
     wall = resize.elapsed() if resize is not None else race.wall_s
     return PortfolioResult(plan, best.solver, objective, bound, wall, members, race.stopped, skipped, pricing,
                            moved_bytes=moved, grid_objective=grid_objective)

@@ -10,7 +10,8 @@ split over the devices first.
 Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
 better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
 out among them at random (seeded), each device's options chosen again, and the groups settled again; a
-kicked layout is kept where it ends lower."""
+kicked layout is kept where it ends lower. Time the kicks leave goes to the iterated local search
+(`search.improve`), whose option changes re-split the tables the groups leave as they are."""
 from __future__ import annotations
 
 import itertools
@@ -28,7 +29,7 @@ from .bounds import lp_bound
 from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsack, summed_relaxation
 from .quiet import c_stdout_silenced
-from .search import split_greedy, stuck_result
+from .search import improve, split_greedy, stuck_result
 
 # Of the budget, the most the summed-memory knapsack may take. HiGHS needs 0.2-2.6 s for it on tiers-80x8 under
 # TorchRec's estimator (idle, this machine); cut off, it hands back another centre of the same work, or, cut
@@ -807,8 +808,8 @@ def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: flo
 
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
-          "work for less; two starts, then seeded kicks (three devices' tables dealt out again) while time is "
-          "left; bounded by the LP over options; additive oracles",
+          "work for less; two starts, then seeded kicks (three devices' tables dealt out again), then local search "
+          "with option changes while time is left; bounded by the LP over options; additive oracles",
           needs_additive=True, splits=True, lp_bounded=True, stochastic=True, backends=("highspy",))
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
@@ -841,11 +842,18 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         pools = greedy_pools(best)
         stats = {"start": "split-greedy", "start_objective": best.objective(),
                  **settle(best, pools, deadline, proven)}
+    if not meets_bound(best):
+        stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds, proven))
+        if not past(deadline) and not meets_bound(best):
+            # The groups re-choose single pieces only; where split tables do most of the work (the Criteo-1TB
+            # tables with HBM short: no balanced start, every kick fruitless by 2.8 s of 10), the time left
+            # goes to moves that re-split them.
+            searched = improve(best, deadline, seed, budget.max_rounds, problem.chooses_options,
+                               -np.inf if bound is None else bound * (1 + budget.gap))
+            stats["search"] = {"steps": searched["steps"], "kicks": searched["kicks"]}
     optimal = meets_bound(best)
     if optimal:
         bound = min(bound, best.objective())  # only the LP's rounding can put it a hair above the plan
-    else:
-        stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds, proven))
     if bound is not None:
         stats["optimal_over"] = "enumerated options"
     return SolveResult(Status.OPTIMAL if optimal else Status.FEASIBLE, plan=best.plan(), lower_bound=bound,

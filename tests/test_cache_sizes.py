@@ -205,3 +205,28 @@ def test_a_replan_keeps_its_cache_sizes():
     assert resized_caches(Problem(instance, oracle), plan, cost, np.inf) is not None
     previous = previous_plan(instance, {"t0": plan.tables[0]})
     assert resized_caches(Problem(instance, oracle, previous=previous), plan, cost, np.inf) is None
+
+
+def test_every_members_plan_is_re_sized_and_the_lowest_handed_over(monkeypatch):
+    # One plan a little dearer on the grid may re-size lower than the best on the grid: the one handed over is
+    # the lowest after re-sizing, credited to its member and certified as its own plan on the grid.
+    import shardbench.portfolio as portfolio
+    from solvers import SolveResult, Status
+    from solvers.candidates import Problem
+
+    instance, oracle = _short_of_hbm(), get_oracle("torchrec")
+    cheaper, dearer = (_cached(instance, {0: f}).validate(instance) for f in (0.7, 0.5))
+    on_grid = {p: oracle.plan_cost(instance, p) for p in (cheaper, dearer)}
+    assert on_grid[cheaper] < on_grid[dearer]
+    shrink = {cheaper: 0.9, dearer: 0.5}
+    monkeypatch.setattr(portfolio, "resized_caches", lambda problem, plan, cost, deadline: (plan, cost * shrink[plan]))
+    members = tuple(portfolio.Member(name, SolveResult(Status.FEASIBLE, plan=plan, lower_bound=0.5 * on_grid[cheaper]),
+                                     1.0, True) for name, plan in (("a", cheaper), ("b", dearer)))
+    race = portfolio.Race(("a", "b"), members, False, 1.0)
+    result = portfolio.settle(Problem(instance, oracle), race, (), 0.0, Budget(5.0))
+    assert result.solver == "b" and result.plan == dearer
+    assert result.objective == pytest.approx(0.5 * on_grid[dearer]) and result.grid_objective == on_grid[dearer]
+    assert result.bound == pytest.approx(0.5 * on_grid[cheaper])
+    # Without re-sizing, the best on the grid.
+    kept = portfolio.settle(Problem(instance, oracle), race, (), 0.0)
+    assert kept.solver == "a" and kept.objective == on_grid[cheaper] and kept.grid_objective is None
