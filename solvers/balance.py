@@ -25,7 +25,7 @@ from instances.memory import HBM
 
 from .assembly import Assembly, Trial
 from .base import OPTIMALITY_TOLERANCE, Budget, SolveResult, Status, past, register
-from .bounds import lp_bound
+from .bounds import integral_bound, lp_bound
 from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsack, summed_relaxation
 from .quiet import c_stdout_silenced
@@ -50,6 +50,7 @@ TRIPLE_NODES = 200
 # Seconds a group's MILP may take in any case, where nodes come slowly (well above what its nodes take here).
 GROUP_TIME_CAP = 3.0
 TRIPLE_TIME_CAP = 1.0
+INTEGRAL_SHARE = 0.1    # of the budget, the most the bound with whole options (`integral_bound`) may take
 KICKED = 3               # devices whose tables a kick deals out again: the busiest and two others
 FRUITLESS_KICKS = 10     # kicks in a row that end no lower, after which the search stops
 STRANDED_ROUNDS = 3      # knapsack solves at most, each splitting the tables whose single pieces fit nowhere
@@ -814,8 +815,14 @@ def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: flo
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     # The LP over options takes 0.03-0.3 s at 80 x 8 and lies up to 2.9 % above the option bounds (tiers-80x8
-    # under TorchRec's estimator): with it the plan is certified whichever member of a race it wins.
-    bound = lp_bound(candidates) if problem.chooses_options else None
+    # under TorchRec's estimator): with it the plan is certified whichever member of a race it wins. With
+    # whole options (0.2-0.9 s there) it rises by 0.01-0.1 % at HBM 0.25 and 0.5, up to 1.8 % at 0.75 (test-095)
+    # and 11 % on the Criteo-1TB tables with HBM short.
+    bound = None
+    if problem.chooses_options:
+        bound = lp_bound(candidates)
+        whole = integral_bound(candidates, min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic()))
+        bound = whole if bound is None or (whole is not None and whole > bound) else bound
 
     def meets_bound(assembly: Assembly) -> bool:
         return bound is not None and assembly.objective() <= bound * (1 + OPTIMALITY_TOLERANCE)

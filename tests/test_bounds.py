@@ -17,7 +17,7 @@ from costmodels import get_oracle
 from instances import Instance, Topology, Workload
 from instances.io import load_instance
 from solvers import Candidates, lp_bound, option_bounds
-from solvers.bounds import packing_bound
+from solvers.bounds import integral_bound, packing_bound
 from solvers.packing import FITS, pack, packed
 from solvers.choice import option_weight
 
@@ -125,3 +125,27 @@ def test_packing_keeps_large_tables_whole_where_balancing_splits_them():
     best = packed(candidates, option_bounds(candidates)["packing"], None, option_weight(candidates))
     assert best is not None
     assert best.objective() == pytest.approx(whole.sum() / 3, rel=1e-9)
+
+
+def test_the_bound_with_whole_options_reaches_the_optimum_where_the_lp_mixes_them():
+    # The LP mixes the large table's whole piece with its column-wise cut; chosen whole, one or the other.
+    instance, oracle = _two_tables(), get_oracle("analytic")
+    candidates = Candidates.build(instance, oracle)
+    optimum = brute_force_over_options(instance, oracle)
+    assert lp_bound(candidates) < optimum * (1 - 0.04)
+    assert integral_bound(candidates, 10.0) == pytest.approx(optimum, rel=1e-5)
+    assert integral_bound(candidates, 10.0) <= optimum
+
+
+@examples(25)
+@given(st.one_of(tiny_split_instances(), tiny_tiered_instances(max_tables=3)),
+       st.sampled_from(["lookup", "analytic", "torchrec"]))
+def test_the_bound_with_whole_options_lies_between_the_lp_and_the_optimum(instance, oracle_name):
+    oracle = get_oracle(oracle_name)
+    candidates = Candidates.build(instance, oracle)
+    optimum = brute_force_over_options(instance, oracle)
+    whole = integral_bound(candidates, 10.0)
+    if optimum is None:  # the model leaves out how pieces pack on devices: it may still find a choice
+        return
+    assert whole is not None and whole <= optimum * (1 + 1e-9)
+    assert whole >= lp_bound(candidates) * (1 - 2e-6)
