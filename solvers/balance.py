@@ -149,21 +149,23 @@ def spread(assembly: Assembly, choice: dict[int, int]) -> dict[int, int]:
 
 @dataclass(frozen=True)
 class Regroup:
-    """A group's new layout: per table its option and device, the busiest of the group's devices then, and
-    whether HiGHS proved it optimal (else it stopped at its time limit)."""
+    """A group's new layout: per table its option and device, the busiest of the group's devices then,
+    whether HiGHS proved it optimal, and whether solving the group again ends the same way: proven, or cut by
+    its node limit (HiGHS runs on one thread, deterministically), not by its time or by `enough`."""
 
     layout: dict[int, tuple[int, int]]
     peak: float
     proven: bool
+    repeatable: bool
 
 
 def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper: np.ndarray, integers: int,
            time_limit: float, start: np.ndarray | None, enough: float | None = None,
-           nodes: int | None = None) -> tuple[np.ndarray | None, bool]:
+           nodes: int | None = None) -> tuple[np.ndarray | None, str]:
     """HiGHS on min objective·x, lower ≤ matrix·x ≤ upper, 0 ≤ x ≤ column_upper, the first `integers`
     columns integral, handed `start` as its first incumbent, and stopped as soon as one is at or below
-    `enough`, or after `nodes` branch-and-bound nodes: the solution, or None where it has none, and whether
-    it is proven optimal."""
+    `enough`, or after `nodes` branch-and-bound nodes: the solution, or None where it has none, and how it
+    ended: "optimal", "nodes" (its node limit) or "cut" (its time, or `enough`)."""
     import highspy
 
     csc = matrix.tocsc()
@@ -203,8 +205,11 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
     with c_stdout_silenced():
         solver.run()
     if solver.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
-        return None, False
-    return np.asarray(solver.getSolution().col_value), solver.getModelStatus() == highspy.HighsModelStatus.kOptimal
+        return None, "cut"
+    # A node limit is the only solution limit set here (HiGHS reports it as one).
+    ending = {highspy.HighsModelStatus.kOptimal: "optimal",
+              highspy.HighsModelStatus.kSolutionLimit: "nodes"}.get(solver.getModelStatus(), "cut")
+    return np.asarray(solver.getSolution().col_value), ending
 
 
 def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: dict[int, np.ndarray],
@@ -266,7 +271,7 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
     upper = np.asarray(upper, dtype=float)
     for slack in (0.0, MEMORY_ROW_SLACK):
         upper[memory_rows] = 1.0 - slack
-        x, proven = _highs(objective, matrix, lower, list(upper),
+        x, ending = _highs(objective, matrix, lower, list(upper),
                            np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
                            peak, deadline - time.monotonic(), initial, None if enough is None else enough / scale,
                            nodes)
@@ -276,7 +281,8 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
         if len(layout) != len(tables):
             return None
         if _fits(assembly, layout, tiers):
-            return Regroup(layout, _busiest(assembly, devices, list(layout.values())), proven)
+            return Regroup(layout, _busiest(assembly, devices, list(layout.values())), ending == "optimal",
+                           ending != "cut")
     return None
 
 
@@ -323,18 +329,19 @@ def group_limits(devices: list[int], deadline: float) -> tuple[float, int]:
 
 
 def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[int], deadline: float,
-              cap: float | None = None, proven: set | None = None) -> bool:
+              cap: float | None = None, spent: set | None = None) -> bool:
     """Solves the group again and keeps the new layout where its busiest device costs less than before — or,
     given a `cap`, where its devices' work summed is less and none costs more than the cap — under the
-    assembly's own costs, not the model's; otherwise leaves the assembly as it was. `proven` holds the
-    `group_state`s whose MILP was solved to optimality without a gain: HiGHS is deterministic, so one met
-    again is not solved again (tiers-80x8 under TorchRec's estimator at 30 s: up to 79 of 274 groups, 14 %
-    of the search, were such repeats, as `compress` goes over every pair again and kicks are undone)."""
+    assembly's own costs, not the model's; otherwise leaves the assembly as it was. `spent` holds the
+    `group_state`s whose MILP ended without a gain by its own limits (`Regroup.repeatable`: optimal, or its
+    node limit): HiGHS is deterministic, so one met again is not solved again (tiers-80x8 under TorchRec's
+    estimator at 30 s: up to 79 of 274 groups, 14 % of the search, were such repeats of optimal ones, as
+    `compress` goes over every pair again and kicks are undone)."""
     tables = _on(assembly, pools, devices)
     if not tables:
         return False
-    state = group_state(assembly, tables, devices, cap is not None) if proven is not None else None
-    if state is not None and state in proven:
+    state = group_state(assembly, tables, devices, cap is not None) if spent is not None else None
+    if state is not None and state in spent:
         return False
     everywhere = assembly.costs()
     costs = everywhere[devices]
@@ -366,8 +373,8 @@ def try_group(assembly: Assembly, pools: dict[int, np.ndarray], devices: list[in
             return True
         for t in found.layout:
             assembly.take(t)
-        if state is not None and found.proven:
-            proven.add(state)
+        if state is not None and found.repeatable:
+            spent.add(state)
     for option, where in old.values():
         assembly.put(option, where)
     return False
@@ -619,7 +626,7 @@ def greedy_pools(assembly: Assembly) -> dict[int, np.ndarray]:
 
 
 def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float,
-              triples: bool = False, pairs_tried: bool = False, proven: set | None = None) -> tuple[int, int]:
+              triples: bool = False, pairs_tried: bool = False, spent: set | None = None) -> tuple[int, int]:
     """Until `deadline` or no group helps: the busiest device with each other (lightest first), then, with
     `triples`, with two of the lightest, solved again (`try_group`); `pairs_tried`: no pair lowers the
     busiest device of the layout as it is, so the first round is triples only. The groups solved and kept."""
@@ -636,7 +643,7 @@ def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float,
             if past(deadline):
                 break
             solved += 1
-            if try_group(assembly, pools, group, deadline, proven=proven):
+            if try_group(assembly, pools, group, deadline, spent=spent):
                 kept += 1
                 break
         else:
@@ -644,7 +651,7 @@ def rebalance(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float,
     return solved, kept
 
 
-def compress(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float, proven: set | None = None) -> int:
+def compress(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float, spent: set | None = None) -> int:
     """Every two devices, solved again for the least work summed with neither above the busier of them
     (`try_group`, compressing): once no group lowers the busiest device, work saved elsewhere leaves room for
     it. The pairs kept."""
@@ -652,25 +659,25 @@ def compress(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float, 
     for pair in itertools.combinations(range(assembly.k), 2):
         if past(deadline):
             break
-        kept += try_group(assembly, pools, list(pair), deadline, float(assembly.costs()[list(pair)].max()), proven)
+        kept += try_group(assembly, pools, list(pair), deadline, float(assembly.costs()[list(pair)].max()), spent)
     return kept
 
 
-def settle(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float, proven: set | None = None) -> dict:
+def settle(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float, spent: set | None = None) -> dict:
     """Pairs (`rebalance`) until none lowers the busiest device, then `compress`; groups of three only where
     compressing saves nothing — they are dear, and cheap pair moves after a compression often do what they
     would — and round again while a group of three helps and time is left."""
     solved = kept = compressed = 0
     while True:
-        s, k = rebalance(assembly, pools, deadline, proven=proven)
+        s, k = rebalance(assembly, pools, deadline, spent=spent)
         solved, kept = solved + s, kept + k
         if past(deadline):
             break
-        saved = compress(assembly, pools, deadline, proven)
+        saved = compress(assembly, pools, deadline, spent)
         compressed += saved
         if saved:
             continue
-        s, k = rebalance(assembly, pools, deadline, triples=True, pairs_tried=True, proven=proven)
+        s, k = rebalance(assembly, pools, deadline, triples=True, pairs_tried=True, spent=spent)
         solved, kept = solved + s, kept + k
         if not k or past(deadline):
             break
@@ -699,7 +706,7 @@ def kick(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Genera
 
 
 def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Generator, deadline: float,
-          max_rounds: int | None = None, proven: set | None = None) -> dict:
+          max_rounds: int | None = None, spent: set | None = None) -> dict:
     """While time is left, fewer than FRUITLESS_KICKS in a row ended no lower, and (given `max_rounds`) fewer
     kicks than that were tried: a `kick`, then `settle`; the kicked layout is kept where its busiest device
     ends lower, else the one before comes back. Settled layouts are local optima of the groups; on tiers-80x8
@@ -712,7 +719,7 @@ def kicks(assembly: Assembly, pools: dict[int, np.ndarray], rng: np.random.Gener
         if not kick(assembly, pools, rng, deadline):
             fruitless += 1
             continue
-        settle(assembly, pools, deadline, proven)
+        settle(assembly, pools, deadline, spent)
         if assembly.objective() < peak * (1 - RELATIVE_STEP):
             kept, fruitless = kept + 1, 0
         else:
@@ -793,18 +800,18 @@ def split_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: floa
 
 def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: float) -> tuple[dict, set, dict]:
     """A start settled, with a table split first (`split_start`) where that ends below the start; else the
-    start as it was, settled. The pools, the group states proven (per assembly and
+    start as it was, settled. The pools, the group states spent (per assembly and
     pools: the split pieces are not part of a group's state) and what was done."""
     before, start = assembly.snapshot(), assembly.objective()
     split = split_start(assembly, pools, deadline)
     if split is not pools:
-        proven: set = set()
-        run = settle(assembly, split, deadline, proven)
+        spent: set = set()
+        run = settle(assembly, split, deadline, spent)
         if assembly.objective() < start * (1 - RELATIVE_STEP):
-            return split, proven, {"split": sorted(set(pools) - set(split)), **run}
+            return split, spent, {"split": sorted(set(pools) - set(split)), **run}
         assembly.load(*before)
-    proven = set()
-    return pools, proven, settle(assembly, pools, deadline, proven)
+    spent = set()
+    return pools, spent, settle(assembly, pools, deadline, spent)
 
 
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
@@ -828,7 +835,7 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         return bound is not None and assembly.objective() <= bound * (1 + OPTIMALITY_TOLERANCE)
 
     centre = split_centre(candidates, deadline, KNAPSACK_SHARE * budget.time_limit)
-    best, pools, proven, stats = None, None, set(), {}
+    best, pools, spent, stats = None, None, set(), {}
     for name, choose in STARTS if centre is not None else ():
         if best is not None and (past(deadline) or meets_bound(best)):
             break
@@ -840,7 +847,7 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         pools_here, mine, run = settle_start(assembly, centre.pools, deadline)
         stats["starts"] = stats.get("starts", 0) + 1
         if best is None or assembly.objective() < best.objective() * (1 - RELATIVE_STEP):
-            best, pools, proven, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
+            best, pools, spent, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
     if best is None:
         # Where no balanced start finds room, split-greedy's plan is the one the groups rebalance.
         best = split_greedy(candidates, problem.chooses_options, deadline)
@@ -848,9 +855,9 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
             return stuck_result(candidates, best)
         pools = greedy_pools(best)
         stats = {"start": "split-greedy", "start_objective": best.objective(),
-                 **settle(best, pools, deadline, proven)}
+                 **settle(best, pools, deadline, spent)}
     if not meets_bound(best):
-        stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds, proven))
+        stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds, spent))
         if not past(deadline) and not meets_bound(best):
             # The groups re-choose single pieces only; where split tables do most of the work (the Criteo-1TB
             # tables with HBM short: no balanced start, every kick fruitless by 2.8 s of 10), the time left

@@ -2,8 +2,8 @@
 least work under its cap (brute force); the centre drops its replicas exactly where that costs at most the
 saving allowed; a kick deals out only its devices' tables and leaves a layout that fits, or none; the
 solver's plans are valid, no better than the optimum, no worse than its first start, and the same for the
-same seed, and its bound (the LP over options) no higher than the optimum; a group whose state was proven
-without gain is not solved again; a start's hull fit is the work of options that fit (brute force), and
+same seed, and its bound (the LP over options) no higher than the optimum; a group whose state ended
+without gain by its own limits (optimal, or its node limit) is not solved again; a start's hull fit is the work of options that fit (brute force), and
 levelling keeps every table once and never raises the busiest device's fit."""
 import itertools
 
@@ -88,9 +88,10 @@ def test_a_group_handed_its_layout_ends_no_worse_than_it_and_at_the_best_given_t
     peak, _, layout = layouts[0] if data is None else data.draw(st.sampled_from(layouts))
     start = dict(zip(tables, layout))
     quick = regroup(assembly, [0, 1], tables, pools, 0.0, start=start)
-    assert quick is not None and quick.peak <= peak * (1 + 1e-9)
+    assert quick is not None and quick.peak <= peak * (1 + 1e-9) and quick.repeatable == quick.proven
     few = [regroup(assembly, [0, 1], tables, pools, 10.0, start=start, nodes=1) for _ in range(2)]
     assert few[0] is not None and few[0].peak <= peak * (1 + 1e-9) and few[0].layout == few[1].layout
+    assert few[0].repeatable  # proven, or cut by its node limit: not by time
     found = regroup(assembly, [0, 1], tables, pools, 10.0, start=start)
     assert found is not None and found.peak == pytest.approx(min(p for p, _, _ in layouts), rel=1e-4, abs=1e-12)
 
@@ -122,7 +123,7 @@ def test_a_group_told_its_start_is_enough_stops_there_unproven(instance):
     peak, _, layout = max(layouts)
     assert peak > min(layouts)[0]
     found = regroup(assembly, [0, 1], tables, pools, 10.0, start=dict(zip(tables, layout)), enough=peak)
-    assert found.peak == pytest.approx(peak, rel=1e-9) and not found.proven
+    assert found.peak == pytest.approx(peak, rel=1e-9) and not found.proven and not found.repeatable
     found = regroup(assembly, [0, 1], tables, pools, 10.0, start=dict(zip(tables, layout)))
     assert found.peak == pytest.approx(min(layouts)[0], rel=1e-4) and found.proven
 
@@ -423,11 +424,11 @@ def test_kicks_never_end_higher_keep_a_layout_that_fits_and_follow_the_seed(inst
 
 
 @examples(10)
-@given(four_device_tiered_instances())
-def test_a_settled_layout_is_settled_again_from_its_memo_without_a_solve_and_a_fresh_settle_agrees(instance):
-    """Settled with a memo of the group states proven without gain, settling again with it solves no MILP;
-    settling again without it, every group solved afresh, keeps the same layout: the memo only spares
-    solves whose answer is known."""
+@given(four_device_tiered_instances(), st.sampled_from([None, 1]))
+def test_a_settled_layout_is_settled_again_from_its_memo_without_a_solve_and_a_fresh_settle_agrees(instance, nodes):
+    """Settled with a memo of the group states that ended without gain by their own limits (optimal, or
+    after `nodes` branch-and-bound nodes), settling again with it solves no MILP; settling again without it,
+    every group solved afresh, keeps the same layout: the memo only spares solves whose answer is known."""
     from unittest import mock
 
     import solvers.balance as balance
@@ -435,14 +436,21 @@ def test_a_settled_layout_is_settled_again_from_its_memo_without_a_solve_and_a_f
     started = _four_device_start(instance)
     assume(started is not None)
     _, centre, assembly = started
-    proven = set()
-    balance.settle(assembly, centre.pools, float("inf"), proven)
-    settled = _state(assembly)
-    with mock.patch.object(balance, "regroup", wraps=balance.regroup) as solves:
-        balance.settle(assembly, centre.pools, float("inf"), proven)
-        assert solves.call_count == 0
-        balance.settle(assembly, centre.pools, float("inf"))
-        assert solves.call_count > 0 or not any(centre.pools)
+    spent = set()
+    limits = balance.group_limits
+    try:
+        if nodes is not None:
+            mock.patch.object(balance, "group_limits",
+                              lambda devices, deadline: (limits(devices, deadline)[0], nodes)).start()
+        balance.settle(assembly, centre.pools, float("inf"), spent)
+        settled = _state(assembly)
+        with mock.patch.object(balance, "regroup", wraps=balance.regroup) as solves:
+            balance.settle(assembly, centre.pools, float("inf"), spent)
+            assert solves.call_count == 0
+            balance.settle(assembly, centre.pools, float("inf"))
+            assert solves.call_count > 0 or not any(centre.pools)
+    finally:
+        mock.patch.stopall()
     assert _same_state(_state(assembly), settled)
 
 
@@ -540,10 +548,10 @@ def test_highs_prints_nothing_on_the_commands_stdout_and_what_python_printed_bef
 
     monkeypatch.setattr(highspy.Highs, "run", noisy)
     print("before", end="")
-    x, proven = _highs(np.array([1.0]), csr_matrix(np.array([[1.0]])), [1.0], [1.0], np.array([2.0]), 1, 5.0, None)
+    x, ending = _highs(np.array([1.0]), csr_matrix(np.array([[1.0]])), [1.0], [1.0], np.array([2.0]), 1, 5.0, None)
     print("after")
     ctypes.CDLL(None).fflush(None)  # what C still buffered would show here
-    assert x is not None and proven and x[0] == pytest.approx(1.0)
+    assert x is not None and ending == "optimal" and x[0] == pytest.approx(1.0)
     assert capfd.readouterr().out == "beforeafter\n"
 
 
