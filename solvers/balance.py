@@ -8,7 +8,8 @@ memory summed over devices, without the data-parallel replicas it keeps where th
 a table that takes most of a device's HBM, or one of a device a start leaves far lighter than the rest, is
 split over the devices first.
 Two starts, one after the other while time is left (the knapsack's own choice, then one price on HBM); the
-better plan wins. Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
+better plan wins; where neither finds room, the choice of the bound with whole options, built table by table.
+Then, while time is left, kicks from it: the busiest device's and two others' tables dealt
 out among them at random (seeded), each device's options chosen again, and the groups settled again; a
 kicked layout is kept where it ends lower. Time the kicks leave goes to the iterated local search
 (`search.improve`), whose option changes re-split the tables the groups leave as they are."""
@@ -23,11 +24,11 @@ import numpy as np
 
 from instances.memory import HBM
 
-from .assembly import Assembly, Trial
+from .assembly import Assembly, Stuck, Trial, construct
 from .base import OPTIMALITY_TOLERANCE, Budget, SolveResult, Status, past, register
-from .bounds import integral_bound, lp_bound
+from .bounds import integral_bound, integral_choice, lp_bound
 from .candidates import Candidates, Problem
-from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, summed_knapsack, summed_relaxation
+from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, option_weight, summed_knapsack, summed_relaxation
 from .quiet import c_stdout_silenced
 from .search import improve, split_greedy, stuck_result
 
@@ -814,6 +815,23 @@ def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: flo
     return pools, spent, settle(assembly, pools, deadline, spent)
 
 
+def unbalanced_start(problem: Problem, deadline: float, seconds: float) -> tuple[str, Assembly | Stuck | None]:
+    """Where no balanced start finds room: the choice of the bound with whole options (`integral_choice`, its
+    memo, else solved within `seconds`) built largest piece first, leaner options where one finds no room; else
+    split-greedy's plan. On the
+    Criteo-1TB tables with HBM short (under TorchRec's estimator, 10 s) the first starts far higher (299 against
+    52.8-56.7) but ends lower once searched (33.5 against 34.5, and 55.0 with 512 GiB of host memory per rank):
+    its big tables are cut so that their largest pieces fit under the bound, which the search cannot undo."""
+    candidates = problem.candidates
+    chosen = integral_choice(candidates, seconds) if problem.chooses_options else None
+    if chosen is not None:
+        built = construct(candidates, np.argsort(-candidates.biggest[chosen], kind="stable"), chosen,
+                          option_weight(candidates))
+        if isinstance(built, Assembly):
+            return "whole options", built
+    return "split-greedy", split_greedy(candidates, problem.chooses_options, deadline)
+
+
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again), then local search "
@@ -825,10 +843,10 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     # under TorchRec's estimator): with it the plan is certified whichever member of a race it wins. With
     # whole options (0.2-0.9 s there) it rises by 0.01-0.1 % at HBM 0.25 and 0.5, up to 1.8 % at 0.75 (test-095)
     # and 11 % on the Criteo-1TB tables with HBM short.
-    bound = None
+    bound, whole_seconds = None, min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic())
     if problem.chooses_options:
         bound = lp_bound(candidates)
-        whole = integral_bound(candidates, min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic()))
+        whole = integral_bound(candidates, whole_seconds)
         bound = whole if bound is None or (whole is not None and whole > bound) else bound
 
     def meets_bound(assembly: Assembly) -> bool:
@@ -849,13 +867,11 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         if best is None or assembly.objective() < best.objective() * (1 - RELATIVE_STEP):
             best, pools, spent, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
     if best is None:
-        # Where no balanced start finds room, split-greedy's plan is the one the groups rebalance.
-        best = split_greedy(candidates, problem.chooses_options, deadline)
+        name, best = unbalanced_start(problem, deadline, whole_seconds)
         if not isinstance(best, Assembly):
             return stuck_result(candidates, best)
         pools = greedy_pools(best)
-        stats = {"start": "split-greedy", "start_objective": best.objective(),
-                 **settle(best, pools, deadline, spent)}
+        stats = {"start": name, "start_objective": best.objective(), **settle(best, pools, deadline, spent)}
     if not meets_bound(best):
         stats.update(kicks(best, pools, np.random.default_rng(seed), deadline, budget.max_rounds, spent))
         if not past(deadline) and not meets_bound(best):

@@ -228,12 +228,29 @@ def integral_bound(candidates: Candidates, time_limit: float) -> float | None:
     within `time_limit` seconds: at least the LP, as far above it as the tables' options are coarse (the zoo's
     dlrm-criteo with HBM short, under TorchRec's estimator: 23.53 -> 26.18, proven in 0.25 s). None where
     HiGHS proved no bound in time."""
-    if "integral_bound" not in candidates.memo:
+    return _integral(candidates, time_limit)[0]
+
+
+def integral_choice(candidates: Candidates, time_limit: float) -> np.ndarray | None:
+    """The option per table of the best choice `integral_bound`'s MILP found (the same solve): whole options
+    within the memory summed over devices, none of whose largest pieces exceeds what the choice's makespan
+    allows there. None where it found none."""
+    return _integral(candidates, time_limit)[1]
+
+
+def _integral(candidates: Candidates, time_limit: float) -> tuple[float | None, np.ndarray | None]:
+    if "integral" not in candidates.memo:
         if any(ids.size == 0 for ids in candidates.by_table):
-            return None
-        candidates.memo["integral_bound"] = lp_over(
-            candidates, LPColumns.of(candidates, np.flatnonzero(candidates.live)), time_limit, integral=True)
-    return candidates.memo["integral_bound"]
+            return None, None
+        live, solution = np.flatnonzero(candidates.live), []
+        bound = lp_over(candidates, LPColumns.of(candidates, live), time_limit, solution=solution, integral=True)
+        chosen = None
+        if solution:
+            chosen = np.full(candidates.instance.num_tables, -1, dtype=np.int64)
+            picked = live[solution[0] > 0.5]
+            chosen[[candidates.options.options[int(o)].table for o in picked]] = picked
+        candidates.memo["integral"] = bound, chosen if chosen is not None and (chosen >= 0).all() else None
+    return candidates.memo["integral"]
 
 
 class LPOutOfTime(RuntimeError):
@@ -381,6 +398,8 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
                      options=options)
         if found.status == 2:
             return None
+        if solution is not None and found.x is not None:
+            solution.append(found.x[:n])
         dual = getattr(found, "mip_dual_bound", None)
         if dual is None or not np.isfinite(dual):
             return None

@@ -219,7 +219,7 @@ def test_pair_balance_plans_are_valid_never_below_the_optimum_and_the_same_for_t
     assert first.lower_bound is not None and first.lower_bound <= optimum * (1 + 1e-9)  # the LP's, or an option bound
     assert first.lower_bound >= lp_bound(Candidates.build(instance, oracle)) * (1 - 1e-9)
     assert first.objective <= first.stats["start_objective"] * (1 + 1e-12)
-    assert first.stats["start"] in ("knapsack", "one price", "split-greedy")
+    assert first.stats["start"] in ("knapsack", "one price", "whole options", "split-greedy")
     assert first.plan == second.plan and first.objective == second.objective
 
 
@@ -703,3 +703,29 @@ def test_the_time_the_groups_leave_goes_to_local_search_with_option_changes(monk
     monkeypatch.setattr(balance, "improve", lambda assembly, *args: {"steps": 0, "kicks": 0})
     settled = run_solver("pair-balance", instance, oracle, QUICK, 0)
     assert settled.objective > optimum * 1.05
+
+
+@examples(15)
+@given(tiny_tiered_instances(max_tables=3))
+@example(THREE_TINY_TABLES)
+def test_without_a_balanced_start_the_search_starts_from_the_whole_option_bounds_choice(instance):
+    """Where no balanced start finds room, the start is the choice of the bound with whole options, each table
+    in its option where that finds room (a leaner one where not), every table placed within every tier; else
+    split-greedy's plan."""
+    from solvers.balance import unbalanced_start
+    from solvers.bounds import integral_choice
+    from solvers.candidates import Problem
+
+    problem = Problem(instance, get_oracle("analytic"))
+    chosen = integral_choice(problem.candidates, 10.0)
+    name, start = unbalanced_start(problem, float("inf"), 10.0)
+    if chosen is None:
+        assert name == "split-greedy"
+        return
+    if name == "split-greedy":  # some table found room in none of its options, as built
+        return
+    assert name == "whole options" and (start.chosen >= 0).all()
+    plan = start.plan()
+    assert (plan.storage_per_device(instance) <= instance.topology.capacity.as_array()).all()
+    kept = start.chosen == chosen
+    assert kept.any()
