@@ -818,10 +818,10 @@ def settle_start(assembly: Assembly, pools: dict[int, np.ndarray], deadline: flo
 def unbalanced_start(problem: Problem, deadline: float, seconds: float) -> tuple[str, Assembly | Stuck | None]:
     """Where no balanced start finds room: the choice of the bound with whole options (`integral_choice`, its
     memo, else solved within `seconds`) built largest piece first, leaner options where one finds no room; else
-    split-greedy's plan. On the
-    Criteo-1TB tables with HBM short (under TorchRec's estimator, 10 s) the first starts far higher (299 against
-    52.8-56.7) but ends lower once searched (33.5 against 34.5, and 55.0 with 512 GiB of host memory per rank):
-    its big tables are cut so that their largest pieces fit under the bound, which the search cannot undo."""
+    split-greedy's plan. On the Criteo-1TB tables with HBM short (under TorchRec's estimator, 10 s) the first
+    starts far higher (299 against 52.8-56.7) but ends lower once searched (33.5 against 34.5, and 55.0 with
+    512 GiB of host memory per rank): its big tables are cut so that their largest pieces stay under the
+    bound, a cut the search does not find from split-greedy's."""
     candidates = problem.candidates
     chosen = integral_choice(candidates, seconds) if problem.chooses_options else None
     if chosen is not None:
@@ -835,7 +835,8 @@ def unbalanced_start(problem: Problem, deadline: float, seconds: float) -> tuple
 @register("pair-balance", "single-piece tables spread evenly in work and memory and levelled, then the busiest "
           "device and one or two others solved again exactly (HiGHS) while that lowers it, and device pairs that can do the same "
           "work for less; two starts, then seeded kicks (three devices' tables dealt out again), then local search "
-          "with option changes while time is left; bounded by the LP over options; additive oracles",
+          "with option changes while time is left; bounded by the LP over options, with whole options where "
+          "that is higher; additive oracles",
           needs_additive=True, splits=True, lp_bounded=True, stochastic=True, backends=("highspy",))
 def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
