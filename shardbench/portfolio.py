@@ -1,6 +1,7 @@
 """The portfolio behind `plan` (the race and certify stages of shardbench.pipeline): the members run side
 by side, each in its own process within the budget; the best validated plan is kept with the best bound any
-of them proved for the problem as posed; the kept plan's caches are then re-sized off the grid of load factors.
+of them proved for the problem as posed; the members' plans' caches are then re-sized off the grid of load
+factors and the lowest handed over.
 A proven optimum of that problem stops the rest at once."""
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ from solvers.candidates import Problem
 from .isolation import Job, Outcome, run_isolated
 
 # Kept back from the promised wall time for what the parent does after its members: re-pricing and
-# validating the chosen plan, and re-sizing its caches (solvers.cache_sizes prices at most 25,000 pieces,
-# about 0.25 s under TorchRec's estimator).
+# validating the chosen plan, and re-sizing the plans' caches (solvers.cache_sizes prices at most 25,000
+# pieces a plan, about 0.25 s under TorchRec's estimator).
 PARENT_MARGIN_S = 0.5
 RESIZE_FLOOR_S = 0.25  # what re-sizing (every member's plan) may take past the promise where the members took it all
 RESIZE_GAIN = 1e-9     # the least relative saving a re-sized plan is handed over for (not float noise)
@@ -249,8 +250,8 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
         tried = [best.result.plan]
         # The other members' plans re-sized too, best on the grid first, while the clock leaves time: one a
         # little dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's
-        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12).
-        for member in ranked[1:]:
+        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12). Not in a replan, where caches keep their size.
+        for member in ranked[1:] if problem.previous is None else ():
             if time.monotonic() >= until:
                 break
             if member.result.plan in tried:

@@ -207,7 +207,8 @@ def _highs(objective: np.ndarray, matrix, lower: list, upper: list, column_upper
         solver.run()
     if solver.getInfo().primal_solution_status != highspy.SolutionStatus.kSolutionStatusFeasible:
         return None, "cut"
-    # A node limit is the only solution limit set here (HiGHS reports it as one).
+    # A node limit is the only solution limit set here; HiGHS 1.12 (pinned) reports it as one (older
+    # releases as an iteration limit, which would read as "cut" here: nothing remembered, nothing wrong).
     ending = {highspy.HighsModelStatus.kOptimal: "optimal",
               highspy.HighsModelStatus.kSolutionLimit: "nodes"}.get(solver.getModelStatus(), "cut")
     return np.asarray(solver.getSolution().col_value), ending
@@ -270,12 +271,15 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
     memory_rows = [device_row[d] + 1 + i for d in devices for i in range(len(tiers))]
     deadline = time.monotonic() + time_limit
     upper = np.asarray(upper, dtype=float)
+    repeatable = True  # every solve of this group ended by its own limits (a first one cut by `enough` or
+    # time, whose layout then overfilled a device, depended on more than the group's state)
     for slack in (0.0, MEMORY_ROW_SLACK):
         upper[memory_rows] = 1.0 - slack
         x, ending = _highs(objective, matrix, lower, list(upper),
                            np.r_[np.ones(peak), np.inf if cap is None else cap / scale],
                            peak, deadline - time.monotonic(), initial, None if enough is None else enough / scale,
                            nodes)
+        repeatable = repeatable and ending != "cut"
         if x is None:
             return None
         layout = {t: (o, d) for j, (t, o, d) in enumerate(columns) if x[j] > 0.5}
@@ -283,7 +287,7 @@ def regroup(assembly: Assembly, devices: list[int], tables: list[int], pools: di
             return None
         if _fits(assembly, layout, tiers):
             return Regroup(layout, _busiest(assembly, devices, list(layout.values())), ending == "optimal",
-                           ending != "cut")
+                           repeatable)
     return None
 
 
@@ -844,9 +848,10 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     # under TorchRec's estimator): with it the plan is certified whichever member of a race it wins. With
     # whole options (0.2-0.9 s there) it rises by 0.01-0.1 % at HBM 0.25 and 0.5, up to 1.8 % at 0.75 (test-095)
     # and 11 % on the Criteo-1TB tables with HBM short.
-    bound, whole_seconds = None, min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic())
+    bound, whole_seconds = None, 0.0
     if problem.chooses_options:
         bound = lp_bound(candidates)
+        whole_seconds = min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic())
         whole = integral_bound(candidates, whole_seconds)
         bound = whole if bound is None or (whole is not None and whole > bound) else bound
 

@@ -338,6 +338,8 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
     from scipy.optimize import Bounds, LinearConstraint, linprog, milp
     from scipy.sparse import coo_matrix, vstack
 
+    assert not (integral and (safe or start is not None)), "a whole choice is solved as is, not by columns or duals"
+
     k = candidates.num_devices
     capacity = candidates.instance.topology.capacity.as_array()
     tiers = [int(t) for t in np.flatnonzero(capacity > 0)]
@@ -396,7 +398,7 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
         found = milp(objective, integrality=np.r_[np.ones(n), 0, 0], bounds=Bounds(0, np.r_[np.ones(n), np.inf, np.inf]),
                      constraints=[LinearConstraint(a_ub, -np.inf, np.array(rhs)), LinearConstraint(a_eq, 1, 1)],
                      options=options)
-        if found.status == 2:
+        if found.status not in (0, 1):  # neither solved nor stopped by its time: infeasible, or an error
             return None
         if solution is not None and found.x is not None:
             solution.append(found.x[:n])
