@@ -846,8 +846,8 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     candidates, deadline = problem.candidates, budget.deadline()
     # The LP over options takes 0.03-0.3 s at 80 x 8 and lies up to 2.9 % above the option bounds (tiers-80x8
     # under TorchRec's estimator): with it the plan is certified whichever member of a race it wins. With
-    # whole options (0.2-0.9 s there) it rises by 0.01-0.1 % at HBM 0.25 and 0.5, up to 1.8 % at 0.75 (test-095)
-    # and 11 % on the Criteo-1TB tables with HBM short.
+    # whole options (0.2-0.9 s there) it rises by 0.01-0.1 % at HBM 0.25 and 0.5, up to 1.8 % at 0.75 (test-095,
+    # where the packing bound was already 1.6 % above it) and 11 % on the Criteo-1TB tables with HBM short.
     bound, whole_seconds = None, 0.0
     if problem.chooses_options:
         bound = lp_bound(candidates)
