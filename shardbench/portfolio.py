@@ -235,33 +235,32 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
     if not with_plan:
         return PortfolioResult(None, None, None, bound, race.wall_s, members, race.stopped, skipped, pricing)
+    def on_grid(member: Member) -> tuple[Plan, float]:
+        plan = member.result.plan.validate(instance)
+        return plan, problem.oracle.plan_cost(instance, plan)
+
     ranked = sorted(with_plan, key=lambda m: (m.result.objective, race.names.index(m.solver)))
     best = ranked[0]
-    plan = best.result.plan.validate(instance)
+    plan, objective = on_grid(best)
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
-    objective = problem.oracle.plan_cost(instance, plan)
     bound = min(bound, objective) if bound is not None else None
     grid_objective = None
     if resize is not None:
         until = max(resize.deadline(), time.monotonic() + RESIZE_FLOOR_S)
-        resized = resized_caches(problem, plan, objective, until)
-        if resized is not None:
-            (plan, objective), grid_objective = resized, objective
-        tried = [best.result.plan]
-        # The other members' plans re-sized too, best on the grid first, while the clock leaves time: one a
+        tried: list[Plan] = []
+        # Every member's plan re-sized, best on the grid first (the others while the clock leaves time): one a
         # little dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's
-        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12). Not in a replan, where caches keep their size.
-        for member in ranked[1:] if problem.previous is None else ():
-            if time.monotonic() >= until:
+        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12). In a replan caches keep their size.
+        for member in ranked if problem.previous is None else ranked[:1]:
+            if tried and time.monotonic() >= until:
                 break
             if member.result.plan in tried:
                 continue
             tried.append(member.result.plan)
-            other = member.result.plan.validate(instance)
-            on_grid = problem.oracle.plan_cost(instance, other)
-            lower = resized_caches(problem, other, on_grid, until)
+            graded = (plan, objective) if member is best else on_grid(member)
+            lower = resized_caches(problem, *graded, until)
             if lower is not None and lower[1] < objective * (1 - RESIZE_GAIN):
-                (plan, objective), grid_objective, best = lower, on_grid, member
+                (plan, objective), grid_objective, best = lower, graded[1], member
     wall = resize.elapsed() if resize is not None else race.wall_s
     return PortfolioResult(plan, best.solver, objective, bound, wall, members, race.stopped, skipped, pricing,
                            moved_bytes=moved, grid_objective=grid_objective)

@@ -25,7 +25,7 @@ import numpy as np
 from instances.memory import HBM
 
 from .assembly import Assembly, Stuck, Trial, construct
-from .base import OPTIMALITY_TOLERANCE, Budget, SolveResult, Status, past, register
+from .base import OPTIMALITY_TOLERANCE, Budget, SolveResult, Status, order_by_cost, past, register
 from .bounds import integral_bound, integral_choice, lp_bound
 from .candidates import Candidates, Problem
 from .choice import RELATIVE_STEP, knapsack_centre, on_lower_hull, option_weight, summed_knapsack, summed_relaxation
@@ -829,8 +829,7 @@ def unbalanced_start(problem: Problem, deadline: float, seconds: float) -> tuple
     candidates = problem.candidates
     chosen = integral_choice(candidates, seconds) if problem.chooses_options else None
     if chosen is not None:
-        built = construct(candidates, np.argsort(-candidates.biggest[chosen], kind="stable"), chosen,
-                          option_weight(candidates))
+        built = construct(candidates, order_by_cost(candidates.biggest[chosen]), chosen, option_weight(candidates))
         if isinstance(built, Assembly):
             return "whole options", built
     return "split-greedy", split_greedy(candidates, problem.chooses_options, deadline)
@@ -850,10 +849,9 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     # where the packing bound was already 1.6 % above it) and 11 % on the Criteo-1TB tables with HBM short.
     bound, whole_seconds = None, 0.0
     if problem.chooses_options:
-        bound = lp_bound(candidates)
+        lp = lp_bound(candidates)
         whole_seconds = min(INTEGRAL_SHARE * budget.time_limit, deadline - time.monotonic())
-        whole = integral_bound(candidates, whole_seconds)
-        bound = whole if bound is None or (whole is not None and whole > bound) else bound
+        bound = max((b for b in (lp, integral_bound(candidates, whole_seconds)) if b is not None), default=None)
 
     def meets_bound(assembly: Assembly) -> bool:
         return bound is not None and assembly.objective() <= bound * (1 + OPTIMALITY_TOLERANCE)

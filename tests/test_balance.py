@@ -22,7 +22,7 @@ from instances.io import save_instance
 from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
 from solvers.assembly import Assembly, Trial
-from solvers.base import OPTIMALITY_TOLERANCE
+from solvers.base import OPTIMALITY_TOLERANCE, order_by_cost
 from solvers.bounds import lp_bound
 from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, knapsack_choice, level,
                              movable, regroup, split_centre, spread, with_splits, without_replicas)
@@ -727,7 +727,7 @@ def test_without_a_balanced_start_the_search_starts_from_the_whole_option_bounds
     # the choice itself; a table that found none took a leaner option, or the start is split-greedy's.
     strict = Assembly(problem.candidates)
     fits = True
-    order = np.argsort(-problem.candidates.biggest[chosen], kind="stable")
+    order = order_by_cost(problem.candidates.biggest[chosen])
     pinned = [problem.candidates.placement(int(chosen[t])) == "pinned" for t in order]
     for table in [t for t, p in zip(order, pinned) if p] + [t for t, p in zip(order, pinned) if not p]:
         trial = strict.fit(int(chosen[table]))
