@@ -21,9 +21,10 @@ from instances import Instance, Topology, Workload
 from instances.io import save_instance
 from shardbench.cli import main
 from solvers import Candidates, Status, run_solver
-from solvers.assembly import Assembly, Trial
+from solvers.assembly import Assembly, construct
 from solvers.base import OPTIMALITY_TOLERANCE, order_by_cost
 from solvers.bounds import lp_bound
+from solvers.choice import option_weight
 from solvers.balance import (REPLICA_SAVING, HullFit, balanced_start, centre_over, kick, knapsack_choice, level,
                              movable, regroup, split_centre, spread, with_splits, without_replicas)
 
@@ -725,16 +726,11 @@ def test_without_a_balanced_start_the_search_starts_from_the_whole_option_bounds
     assert name in ("whole options", "split-greedy")
     # Built in the same order with no option but the chosen one, where every table finds room the start is
     # the choice itself; a table that found none took a leaner option, or the start is split-greedy's.
-    strict = Assembly(problem.candidates)
-    fits = True
-    order = order_by_cost(problem.candidates.biggest[chosen])
-    pinned = [problem.candidates.placement(int(chosen[t])) == "pinned" for t in order]
-    for table in [t for t, p in zip(order, pinned) if p] + [t for t, p in zip(order, pinned) if not p]:
-        trial = strict.fit(int(chosen[table]))
-        if not isinstance(trial, Trial):
-            fits = False
-            break
-        strict.put(int(chosen[table]), trial.devices)
+    candidates = problem.candidates
+    only_chosen = np.zeros(candidates.live.size, dtype=bool)
+    only_chosen[chosen] = True
+    fits = isinstance(construct(candidates.restricted(only_chosen), order_by_cost(candidates.biggest[chosen]),
+                                chosen, option_weight(candidates)), Assembly)
     if name == "split-greedy":
         assert not fits
         return
