@@ -692,10 +692,7 @@ def test_the_time_the_groups_leave_goes_to_local_search_with_option_changes(monk
     # force) with rounds left; the iterated local search from their plan reaches it.
     import solvers.balance as balance
 
-    instance = Instance("tiny-tiered", (make_table("t0", 36, 8, 8.655225245639924),
-                                        make_table("t1", 25, 8, 18.75317730814916), make_table("t2", 30, 8, 0.75)),
-                        Topology(1, 2, 291, host_memory_bytes=792), Workload(batch_size=16),
-                        sharding_types=("table_wise", "row_wise")).validate()
+    instance = _tiny_settled_above_optimum()
     oracle = get_oracle("analytic")
     optimum = brute_force_over_options(instance, oracle)
     searched = run_solver("pair-balance", instance, oracle, QUICK, 0)
@@ -704,6 +701,52 @@ def test_the_time_the_groups_leave_goes_to_local_search_with_option_changes(monk
     monkeypatch.setattr(balance, "improve", lambda assembly, *args: {"steps": 0, "kicks": 0})
     settled = run_solver("pair-balance", instance, oracle, QUICK, 0)
     assert settled.objective > optimum * 1.05
+
+
+def _tiny_settled_above_optimum():
+    return Instance("tiny-tiered", (make_table("t0", 36, 8, 8.655225245639924),
+                                    make_table("t1", 25, 8, 18.75317730814916), make_table("t2", 30, 8, 0.75)),
+                    Topology(1, 2, 291, host_memory_bytes=792), Workload(batch_size=16),
+                    sharding_types=("table_wise", "row_wise")).validate()
+
+
+@pytest.mark.parametrize("balanced", [True, False])
+def test_kicks_come_back_after_a_local_search_slice_that_gains_nothing_from_a_balanced_start_only(monkeypatch, balanced):
+    """Without a round cap, from a balanced start the local search after the fruitless kicks has a slice of the
+    budget at a time, and kicks come back after a slice that gains nothing; from any other start (or with a
+    round cap) it has the time left at once, as where split tables do the work."""
+    import time
+
+    import solvers.balance as balance
+    from solvers.base import Budget
+
+    calls = []
+
+    def improve(assembly, until, seed, *args):
+        calls.append(("search", until, seed))
+        return {"steps": 1, "kicks": 0}
+
+    def kicks(assembly, pools, rng, deadline, *args):
+        calls.append(("kicks", deadline, None))
+        return {"kicks": 1, "kicks_kept": 0}
+
+    monkeypatch.setattr(balance, "improve", improve)
+    monkeypatch.setattr(balance, "kicks", kicks)
+    if not balanced:
+        monkeypatch.setattr(balance, "STARTS", ())
+    budget = Budget(0.5)
+    began = time.monotonic()
+    result = run_solver("pair-balance", _tiny_settled_above_optimum(), get_oracle("analytic"), budget, 0)
+    assert (result.stats["start"] in ("knapsack", "one price")) == balanced and calls[0][0] == "kicks"
+    searches = [c for c in calls if c[0] == "search"]
+    deadline = began + budget.time_limit
+    if balanced:
+        assert len(searches) >= 2 and [c[0] for c in calls[:4]] == ["kicks", "search", "kicks", "search"]
+        assert all(until <= deadline + 0.05 for _, until, _ in searches)
+        assert [seed for _, _, seed in searches] == list(range(len(searches)))
+        assert result.stats["kicks"] == len(calls) - len(searches)
+    else:
+        assert len(searches) == 1 and searches[0][1] >= began + budget.time_limit - 0.05
 
 
 @examples(15)
