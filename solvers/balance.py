@@ -880,7 +880,8 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         stats["starts"] = stats.get("starts", 0) + 1
         if best is None or assembly.objective() < best.objective() * (1 - RELATIVE_STEP):
             best, pools, spent, stats = assembly, pools_here, mine, {**stats, "start": name, **run}
-    if best is None:
+    balanced = best is not None
+    if not balanced:
         name, best = unbalanced_start(problem, deadline, whole_seconds)
         if not isinstance(best, Assembly):
             return stuck_result(candidates, best)
@@ -894,7 +895,7 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         # moves that re-split them. From a balanced start that search rarely gains (tiers-80x8 under TorchRec's
         # estimator at 240 s: nothing in 3,000-6,000 steps on 094 at 0.75 and 095 at 0.25) where kicks still
         # do, once in 30-50: there it has a slice of the time, and kicks come back while it gains nothing.
-        alternate = stats["start"] in dict(STARTS) and budget.max_rounds is None
+        alternate = balanced and budget.max_rounds is None
         target = -np.inf if bound is None else bound * (1 + budget.gap)
         rounds = 0
         while not past(deadline) and not meets_bound(best):
