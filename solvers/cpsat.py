@@ -14,6 +14,9 @@ from .exact_model import (
     NEIGHBOURHOOD_SHARE,
     ExactStart,
     build_model,
+    centre_of,
+    completed,
+    core_tables,
     decode,
     finish,
     neighbourhoods,
@@ -21,6 +24,10 @@ from .exact_model import (
 )
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
+# Where a few tables do most of the work (`core_tables`), the model over them alone may run until this share of
+# the budget is spent; the neighbourhoods then get what is left of theirs. Not where caches are offered load
+# factors beside the grid's (`plan`'s guided ones): CP-SAT proved no such core within 20 s (exact_model).
+CORE_UNTIL = 0.7
 
 
 @dataclass(frozen=True)
@@ -70,8 +77,14 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     if done is not None:
         return done
     candidates = problem.candidates
+    centre, core_stats = centre_of(candidates, budget), {}
+    core = None if problem.load_factors else core_tables(candidates, centre)
+    if core is not None:
+        start, core_stats = _core_first(candidates, start, core, budget.share(CORE_UNTIL), seed, workers)
+        if start.proven(budget.gap):
+            return finish(problem, None, start.lower_bound, start, {"backend": "cpsat", **core_stats})
     widening, near = [], ExactStart(None, start.lower_bound)
-    cuts = neighbourhoods(candidates, budget)
+    cuts = neighbourhoods(candidates, centre)
     for i, cut in enumerate(cuts):
         until = budget.share(NEIGHBOURHOOD_SHARE * (i + 1) / len(cuts))
         if past(until):
@@ -88,17 +101,36 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     run = _run(candidates, start, budget.deadline(), budget.backend_gap, seed, workers)
     if run.code == cp_model.INFEASIBLE and start.assembly is None:
         return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
-    stats = {**run.stats, "neighbourhoods": widening} if widening else run.stats
+    stats = {**run.stats, **core_stats, **({"neighbourhoods": widening} if widening else {})}
     return finish(problem, run.found, max(start.lower_bound, run.proven), start, stats)
 
 
-def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float, seed: int,
-         workers: int | None) -> CpRun:
-    """The exact model over `candidates`, hinted with the start, until `deadline` (time.monotonic(); building
-    the model spends it too) or until within `gap` of its own bound."""
+def _core_first(candidates: Candidates, start: ExactStart, core: np.ndarray, deadline: float, seed: int,
+                workers: int | None) -> tuple[ExactStart, dict]:
+    """The model over the `core` tables alone until proven or `deadline`: the bound it proves holds for every
+    table (`core_tables`), and its plan with the other tables fitted (`completed`) replaces the start where
+    that costs less."""
     from ortools.sat.python import cp_model
 
-    model = build_model(candidates, start)
+    run = _run(candidates, start, deadline, 0.0, seed, workers, tables=core)
+    whole = completed(candidates, run.found) if run.found is not None else None
+    bound = start.lower_bound
+    if run.code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        bound = max(bound, run.proven)
+    better = start.improved(candidates, (whole.chosen, whole.device)) if whole is not None else start
+    stats = {"core": {"tables": int(core.size), "cpsat_status": run.stats["cpsat_status"], "bound": run.proven,
+                      "plan": None if whole is None else whole.objective(), "wall_time": run.stats["wall_time"]}}
+    return ExactStart(better.assembly, bound, start.failure), stats
+
+
+def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float, seed: int,
+         workers: int | None, tables: np.ndarray | None = None) -> CpRun:
+    """The exact model over `candidates` (over `tables` alone where given: its plan then leaves the others out),
+    hinted with the start, until `deadline` (time.monotonic(); building the model spends it too) or until
+    within `gap` of its own bound."""
+    from ortools.sat.python import cp_model
+
+    model = build_model(candidates, start, tables)
     integer = IntegerCosts.of(candidates)
     cp = cp_model.CpModel()
     variables = [cp.NewIntVar(int(lo), int(hi), name) for lo, hi, name in zip(model.lower, model.upper, model.names)]
@@ -153,5 +185,5 @@ def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float,
         raise RuntimeError(f"CP-SAT rejected the model: {cp.Validate()}")
     found = None
     if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        found = decode(candidates, model, [solver.Value(v) for v in variables])
+        found = decode(candidates, model, [solver.Value(v) for v in variables], tables)
     return CpRun(found, integer.to_cost(solver.BestObjectiveBound() - slack), code, stats)

@@ -4,6 +4,7 @@ oracles that price tiers and the ones that refuse them, and the command line end
 import dataclasses
 import itertools
 import json
+import time
 
 import numpy as np
 import pytest
@@ -35,7 +36,7 @@ from solvers.choice import MEMORY_SHARES, choose_options, knapsack_centre, summe
 from solvers.base import OPTIMALITY_TOLERANCE, Budget
 from solvers.candidates import Problem
 from solvers.choice import option_weight
-from solvers.exact_model import HULL_NEIGHBOURS, neighbourhoods
+from solvers.exact_model import HULL_NEIGHBOURS, ExactStart, centre_of, completed, core_tables, neighbourhoods
 
 GIB = 2**30
 
@@ -431,7 +432,7 @@ def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(
     centres = []
     monkeypatch.setattr(exact_model, "knapsack_centre", lambda *args: centres.append(knapsack_centre(*args)) or
                         centres[-1])
-    cuts = neighbourhoods(candidates, Budget(10.0).begun())
+    cuts = neighbourhoods(candidates, centre_of(candidates, Budget(10.0).begun()))
     assert len(cuts) == len(HULL_NEIGHBOURS) > 1
     assert np.array_equal(candidates.live, live)  # the candidates themselves are untouched
     centre = centres[-1]
@@ -456,7 +457,8 @@ def test_neighbourhoods_widen_around_the_knapsack_and_only_cut_the_live_options(
                 assert at.size <= 2 * width
     # Without host memory no table trades HBM for cost: no neighbourhood.
     hbm_only = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, host_memory_bytes=0))
-    assert neighbourhoods(Candidates.build(hbm_only.validate(), get_oracle("analytic")), Budget(10.0).begun()) == []
+    hbm_only = Candidates.build(hbm_only.validate(), get_oracle("analytic"))
+    assert centre_of(hbm_only, Budget(10.0).begun()) is None and neighbourhoods(hbm_only, None) == []
 
 
 @examples(15)
@@ -478,8 +480,8 @@ def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
         cut_ids.add(id(cut))
         return cut
 
-    def claiming(candidates, *args):
-        done = run(candidates, *args)
+    def claiming(candidates, *args, **kwargs):
+        done = run(candidates, *args, **kwargs)
         return dataclasses.replace(done, proven=1e30) if id(candidates) in cut_ids else done
 
     with pytest.MonkeyPatch.context() as patch:
@@ -491,3 +493,64 @@ def test_no_bound_proved_over_a_neighbourhood_reaches_cpsats_result(instance):
         assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE, abs=1e-12)
     if cut_ids:
         assert result.stats["neighbourhoods"]
+
+
+@examples(15)
+@given(tiny_tiered_instances(max_tables=3))
+@example(THREE_TINY_TABLES)
+def test_the_model_over_some_tables_alone_bounds_the_whole(instance):
+    """Leaving tables out never raises the optimum: what CP-SAT proves over any of the tables lies below the
+    brute-force optimum over all of them (and meets it over all), and its plan for some, with the others fitted
+    (`completed`), is a plan of every table that fits."""
+    from solvers.cpsat import _run
+
+    oracle = get_oracle("analytic")
+    optimum = brute_force_over_options(instance, oracle)
+    assume(optimum is not None)
+    candidates = Candidates.build(instance, oracle)
+    n = instance.num_tables
+    for size in range(1, n + 1):
+        for tables in itertools.combinations(range(n), size):
+            run = _run(candidates, ExactStart(None, 0.0), time.monotonic() + 10, 0.0, 0, 1, tables=np.array(tables))
+            assert run.stats["cpsat_status"] == "OPTIMAL"
+            assert run.proven <= optimum * (1 + 1e-6) + 1e-15
+            if size == n:
+                assert run.proven == pytest.approx(optimum, rel=1e-6, abs=1e-15)
+            assert [o >= 0 for o in run.found[0]] == [t in tables for t in range(n)]
+            whole = completed(candidates, run.found)
+            if whole is not None:
+                assert (whole.chosen >= 0).all()
+                plan = whole.plan()
+                plan.validate(instance)
+                assert oracle.plan_cost(instance, plan) >= optimum * (1 - 1e-9)
+
+
+# Two tables do 97 % of the work of two devices, each more than a device's share of HBM: the LP mixes their
+# caches and cuts; the exact model over the two alone sees what the whole optimum must pay (found by a search of
+# random draws of this shape, `analytic`).
+CORE_HEAVY = Instance("core-heavy", (make_table("t0", 53, 8, 16.23), make_table("t1", 47, 8, 15.81),
+                                     make_table("t2", 8, 8, 0.5)),
+                      Topology(1, 2, 748, host_memory_bytes=3456), Workload(batch_size=16),
+                      sharding_types=("table_wise", "row_wise", "column_wise")).validate()
+
+
+def test_cpsat_proves_above_the_lp_from_the_few_tables_that_do_most_of_the_work():
+    from solvers.cpsat import _run
+
+    oracle = get_oracle("analytic")
+    candidates = Candidates.build(CORE_HEAVY, oracle)
+    optimum, lp = brute_force_over_options(CORE_HEAVY, oracle), lp_bound(candidates)
+    result = run_solver("cpsat", CORE_HEAVY, oracle, QUICK, 0)
+    core = result.stats["core"]
+    assert core["cpsat_status"] == "OPTIMAL" and lp < core["bound"] <= result.lower_bound <= optimum * (1 + 1e-6)
+    assert result.status == Status.OPTIMAL
+    assert result.objective == pytest.approx(optimum, rel=OPTIMALITY_TOLERANCE)
+    # By their least work both heavy tables are the core, and the model over the two alone proves more than
+    # twice the LP.
+    heavy = core_tables(candidates, None)
+    assert heavy.tolist() == [0, 1]
+    run = _run(candidates, ExactStart(None, 0.0), time.monotonic() + 10, 0.0, 0, 1, tables=heavy)
+    assert 2 * lp < run.proven <= optimum * (1 + 1e-6)
+    # Tables alike are each a core table: then the core is every table, and there is none.
+    alike = dataclasses.replace(CORE_HEAVY, tables=tuple(make_table(f"t{i}", 50, 8, 16.0) for i in range(3)))
+    assert core_tables(Candidates.build(alike.validate(), oracle), None) is None
