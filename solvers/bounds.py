@@ -86,7 +86,7 @@ def _option_bounds(candidates: Candidates) -> dict[str, float]:
     if any(ids.size == 0 for ids in candidates.by_table):
         return {}
     k = candidates.num_devices
-    cheapest = np.array([candidates.work[ids].min() for ids in candidates.by_table])
+    cheapest = candidates.least_work
     smallest_largest = np.array([candidates.biggest[ids].min() for ids in candidates.by_table])
     bounds = {"average": float(max(cheapest.sum() / k, smallest_largest.max(initial=0.0))),
               "pigeonhole": pigeonhole_bound(smallest_largest, k)}

@@ -304,6 +304,11 @@ class Candidates:
         return np.add.reduceat(self.storage, self.options.first, axis=0)
 
     @cached_property
+    def least_work(self) -> np.ndarray:
+        """Per table, the least work of its live options (infinite where it has none)."""
+        return np.array([self.work[ids].min() if ids.size else np.inf for ids in self.by_table])
+
+    @cached_property
     def most_per_table(self) -> np.ndarray:
         """Per table and tier, the most bytes any one device could receive from it (in its live option that can
         put the most there; tables × 2)."""

@@ -1,5 +1,6 @@
 """The exact model (solvers.exact_model) on CP-SAT (ortools), with costs scaled to integers and the rounding
-given back in the proven bound; where tables trade HBM for cost, its neighbourhoods first."""
+given back in the proven bound; where a few tables do most of the work, the model over them alone first (its
+bound kept), and where tables trade HBM for cost, its neighbourhoods."""
 from __future__ import annotations
 
 import os
@@ -25,8 +26,7 @@ from .exact_model import (
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
 # Where a few tables do most of the work (`core_tables`), the model over them alone may run until this share of
-# the budget is spent; the neighbourhoods then get what is left of theirs. Not where caches are offered load
-# factors beside the grid's (`plan`'s guided ones): CP-SAT proved no such core within 20 s (exact_model).
+# the budget is spent; a neighbourhood whose share is spent by then is left out.
 CORE_UNTIL = 0.7
 
 
@@ -67,8 +67,9 @@ class CpRun:
 
 
 @register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
-          "symmetry breaking and a complete hint; where tables trade HBM for cost, first over a neighbourhood of "
-          "the summed-memory knapsack's options", exact=True, needs_additive=True, splits=True, lp_bounded=True,
+          "symmetry breaking and a complete hint; where a few tables do most of the work, first over them alone "
+          "(a bound for all), and where tables trade HBM for cost, over a neighbourhood of the summed-memory "
+          "knapsack's options", exact=True, needs_additive=True, splits=True, lp_bounded=True,
           replans=True, backends=("ortools.sat.python.cp_model",))
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model
@@ -78,7 +79,7 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         return done
     candidates = problem.candidates
     centre, core_stats = centre_of(candidates, budget), {}
-    core = None if problem.load_factors else core_tables(candidates, centre)
+    core = core_tables(problem, centre)
     if core is not None:
         start, core_stats = _core_first(candidates, start, core, budget.share(CORE_UNTIL), seed, workers)
         if start.proven(budget.gap):
@@ -88,7 +89,7 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     for i, cut in enumerate(cuts):
         until = budget.share(NEIGHBOURHOOD_SHARE * (i + 1) / len(cuts))
         if past(until):
-            break
+            continue
         # The narrowest unhinted: hinted with a start far from the knapsack, CP-SAT stays near that start (on
         # tiers-80x8 at HBM 0.5 it ended a median 5 % worse than without the hint). Each wider one starts
         # from the best plan of those before it, which lies within it.
@@ -113,14 +114,12 @@ def _core_first(candidates: Candidates, start: ExactStart, core: np.ndarray, dea
     from ortools.sat.python import cp_model
 
     run = _run(candidates, start, deadline, 0.0, seed, workers, tables=core)
+    proven = run.proven if run.code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else None
     whole = completed(candidates, run.found) if run.found is not None else None
-    bound = start.lower_bound
-    if run.code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        bound = max(bound, run.proven)
-    better = start.improved(candidates, (whole.chosen, whole.device)) if whole is not None else start
-    stats = {"core": {"tables": int(core.size), "cpsat_status": run.stats["cpsat_status"], "bound": run.proven,
+    assembly = whole if whole is not None and whole.objective() < start.objective() else start.assembly
+    stats = {"core": {"tables": int(core.size), "cpsat_status": run.stats["cpsat_status"], "bound": proven,
                       "plan": None if whole is None else whole.objective(), "wall_time": run.stats["wall_time"]}}
-    return ExactStart(better.assembly, bound, start.failure), stats
+    return ExactStart(assembly, max(start.lower_bound, proven or 0.0), start.failure), stats
 
 
 def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float, seed: int,

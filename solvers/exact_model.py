@@ -1,8 +1,9 @@
 """The exact model for additive oracles, described once for its two backends (solvers.cpsat, solvers.milp):
 one option per table and a device for every free piece, chosen together, minimising the max device cost
 under memory. Both backends start from the split-aware heuristic (a complete hint / MIP start), break the
-symmetry of interchangeable devices, and report the bound they proved (CP-SAT, where tables trade HBM for
-cost, first solves the model over `neighbourhoods` of the summed-memory knapsack, whose bounds it drops);
+symmetry of interchangeable devices, and report the bound they proved (CP-SAT first solves the model over the
+`core_tables` alone where a few tables do most of the work, whose bound it keeps, and where tables trade HBM for
+cost over `neighbourhoods` of the summed-memory knapsack, whose bounds it drops);
 a plan is called optimal only when that bound meets it, and then it is optimal over the enumerated
 options (`optimal_over: "enumerated options"`).
 
@@ -61,15 +62,16 @@ HULL_NEIGHBOURS = (1, 2)
 NEIGHBOURHOOD_MAX_SIZE = 1_600
 # The core (`core_tables`): the tables whose option in the knapsack (their least work where nothing trades HBM)
 # does at least CORE_LOAD of the average load, solved alone where they are at most CORE_TABLES with at most
-# CORE_OPTIONS options together and do at least CORE_WORK of the work. On the MLPerf Criteo-1TB tables with HBM
-# short under TorchRec's estimator, 5 tables (195 options) do 93 % of it: CP-SAT proved their optimum, 33.53 ms
-# against the LP's 23.96, in 3-7 s on 2 cores; 6 tables, or the 5 with the LP's load factors offered beside the
-# grid's (231 options, 137 below the start's makespan), not within 20 s. On the tiers suites' tasks no table set
+# CORE_OPTIONS options together and do at least CORE_WORK of all the work, on at most NEIGHBOURHOOD_MAX_SIZE
+# tables × devices. On the MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, 5 tables (195
+# options) do 93 % of it: CP-SAT proved their optimum, 33.53 ms against the LP's 23.96, in 3-7 s on 2 cores; with
+# a sixth table (232 options), or with the LP's load factors offered beside the grid's (231 options, 137 below
+# the start's makespan), it proved nothing above the LP within 20 s. On the tiers suites' tasks no table set
 # passes (the 8 largest do about 40 %), and their optimum alone, with the other tables as a priced fluid, was
 # the LP's.
 CORE_LOAD = 0.4
 CORE_WORK = 0.5
-CORE_TABLES = 6
+CORE_TABLES = 5
 CORE_OPTIONS = 200
 MAX_MODEL_VARIABLES = 250_000  # beyond this building the model alone eats the budget on 2 cores
 # Where the model is larger still, the start is the plan returned, so it gets the budget bar a margin: at
@@ -143,16 +145,19 @@ def centre_of(candidates: Candidates, budget: Budget) -> np.ndarray | None:
     return knapsack_centre(candidates, KNAPSACK_SHARE * budget.time_limit, budget.deadline())
 
 
-def core_tables(candidates: Candidates, centre: np.ndarray | None) -> np.ndarray | None:
+def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | None:
     """The few tables that do most of the work (CORE_LOAD, CORE_WORK, CORE_TABLES, CORE_OPTIONS), by their option
-    in `centre` or else their least work; None where there are none such, or they are every table, or in a
-    replan. Leaving tables out never raises an additive oracle's optimum (their pieces' costs and bytes go,
-    nothing else changes), so what the model over the core alone proves bounds the whole; where a few tables
-    are each worth several devices, their pieces' coarse cuts are what the LP does not see."""
-    if candidates.moves is not None:
+    in `centre` or else their least work; None where there are none such or they are every table, where the
+    instance is larger than NEIGHBOURHOOD_MAX_SIZE, where caches are offered load factors beside the grid's
+    (over those CP-SAT proved no core: above), and in a replan (its moves are not modelled alone). Leaving
+    tables out never raises an additive oracle's optimum (their pieces' costs and bytes go, nothing else
+    changes), so what the model over the core alone proves bounds the whole; where a few tables are each
+    worth several devices, their pieces' coarse cuts are what the LP does not see."""
+    candidates = problem.candidates
+    if problem.load_factors or candidates.moves is not None or \
+            candidates.instance.num_tables * candidates.num_devices > NEIGHBOURHOOD_MAX_SIZE:
         return None
-    work = (candidates.work[centre] if centre is not None else
-            np.array([candidates.work[ids].min() for ids in candidates.by_table]))
+    work = candidates.work[centre] if centre is not None else candidates.least_work
     total = float(work.sum())
     core = np.flatnonzero(work >= CORE_LOAD * total / candidates.num_devices)
     if not 0 < core.size <= CORE_TABLES or core.size == work.size or work[core].sum() < CORE_WORK * total or \
@@ -167,8 +172,7 @@ def completed(candidates: Candidates, found: tuple[list[int], np.ndarray]) -> As
     where one finds no room."""
     assembly = Assembly(candidates)
     assembly.load(np.asarray(found[0]), np.asarray(found[1]))
-    least = np.array([candidates.work[ids].min() for ids in candidates.by_table])
-    for table in order_by_cost(least):
+    for table in order_by_cost(candidates.least_work):
         if assembly.chosen[table] < 0:
             ids = candidates.by_table[table]
             placed, _ = place_table(assembly, int(table), int(ids[np.argmin(candidates.work[ids])]), candidates.work)
@@ -298,8 +302,7 @@ def build_model(candidates: Candidates, start: ExactStart, tables: np.ndarray | 
     """The model, with the start as a complete hint; over `tables` alone where given (the others left out)."""
     instance = candidates.instance
     k = candidates.num_devices
-    weight = np.array([candidates.work[ids].min() for ids in candidates.by_table])
-    order = order_by_cost(weight)
+    order = order_by_cost(candidates.least_work)
     if tables is not None:
         order = order[np.isin(order, tables)]
     classes = device_classes(candidates)
