@@ -64,15 +64,15 @@ NEIGHBOURHOOD_MAX_SIZE = 1_600
 # does at least CORE_LOAD of the average load, solved alone where they are at most CORE_TABLES with at most
 # CORE_OPTIONS options together and do at least CORE_WORK of all the work, on at most NEIGHBOURHOOD_MAX_SIZE
 # tables × devices. On the MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, 5 tables (195
-# options) do 93 % of it: CP-SAT proved their optimum, 33.53 ms against the LP's 23.96, in 3-7 s on 2 cores; with
-# a sixth table (232 options), or with the LP's load factors offered beside the grid's (231 options, 137 below
-# the start's makespan), it proved nothing above the LP within 20 s. On the tiers suites' tasks no table set
-# passes (the 8 largest do about 40 %), and their optimum alone, with the other tables as a priced fluid, was
-# the LP's.
+# options) do 93 % of it: CP-SAT proved their optimum, 33.53 ms against the LP's 23.96, in 3-7 s on 2 cores, and
+# with the next one or three tables too (232, 299 options) in 5.8 and 7.9 s; 12 tables not within 10 s, nor the
+# 5 with the LP's load factors offered beside the grid's (231 options) within 20 s. On the tiers suites' tasks
+# no table set passes (the 8 largest do about 40 %), and their optimum alone, with the other tables as a priced
+# fluid, was the LP's.
 CORE_LOAD = 0.4
 CORE_WORK = 0.5
-CORE_TABLES = 5
-CORE_OPTIONS = 200
+CORE_TABLES = 8
+CORE_OPTIONS = 300
 MAX_MODEL_VARIABLES = 250_000  # beyond this building the model alone eats the budget on 2 cores
 # Where the model is larger still, the start is the plan returned, so it gets the budget bar a margin: at
 # 5,000 x 512 the bounds before it take ~3 s and local search ends up to 4 s past its deadline (given the
