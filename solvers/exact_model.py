@@ -130,11 +130,17 @@ def exact_start(problem: Problem, budget: Budget, seed: int, widens: bool = Fals
     return ExactStart(assembly, bound, failure)
 
 
-def tiered(candidates: Candidates) -> bool:
-    """Whether the model gets neighbourhoods first: tables trade HBM for cost, it is not a replan, and the
-    neighbourhoods are small enough for CP-SAT to settle them within seconds."""
+def cut_down_settles(candidates: Candidates) -> bool:
+    """Whether a model cut down from this one (a neighbourhood, a core) is one CP-SAT settles within seconds:
+    at most NEIGHBOURHOOD_MAX_SIZE tables × devices, and not a replan."""
     size = candidates.instance.num_tables * candidates.num_devices
-    return candidates.moves is None and size <= NEIGHBOURHOOD_MAX_SIZE and candidates.trades_hbm
+    return candidates.moves is None and size <= NEIGHBOURHOOD_MAX_SIZE
+
+
+def tiered(candidates: Candidates) -> bool:
+    """Whether the model gets neighbourhoods first: tables trade HBM for cost and the neighbourhoods are ones
+    CP-SAT settles (`cut_down_settles`)."""
+    return cut_down_settles(candidates) and candidates.trades_hbm
 
 
 def centre_of(candidates: Candidates, budget: Budget) -> np.ndarray | None:
@@ -154,8 +160,7 @@ def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | Non
     changes), so what the model over the core alone proves bounds the whole; where a few tables are each
     worth several devices, their pieces' coarse cuts are what the LP does not see."""
     candidates = problem.candidates
-    if problem.load_factors or candidates.moves is not None or \
-            candidates.instance.num_tables * candidates.num_devices > NEIGHBOURHOOD_MAX_SIZE:
+    if problem.load_factors or not cut_down_settles(candidates):
         return None
     work = candidates.work[centre] if centre is not None else candidates.least_work
     total = float(work.sum())
