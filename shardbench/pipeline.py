@@ -275,7 +275,7 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
     if not pieces or pieces / CURVE_PIECES_PER_S > share / 2:
         return base, {}
     try:
-        return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3))
+        return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3)).load_factors
     except LPOutOfTime:
         return base, {}
 

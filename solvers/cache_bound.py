@@ -112,8 +112,17 @@ def every_load_factor_bound(candidates: Candidates, oracle: Oracle, points: int 
     return candidates.memo[key]
 
 
+@dataclass(frozen=True)
+class Guide:
+    """What the LP over every load factor suggests (`guided_load_factors`): per table, the load factors at which
+    it caches it, and the work each table's mix of columns does there (None where there is no such LP)."""
+
+    load_factors: dict[int, tuple[float, ...]]
+    work: np.ndarray | None = None
+
+
 def guided_load_factors(candidates: Candidates, oracle: Oracle, time_limit: float | None = None,
-                        points: int = POINTS) -> dict[int, tuple[float, ...]]:
+                        points: int = POINTS) -> Guide:
     """Per table, the load factors at which the LP over every load factor (`every_load_factor_bound`, solved
     here and kept) caches it: offered as options beside the grid's, they let a search place the caches the
     relaxation wants, where the grid's steps leave HBM unused or a cache too small. Empty where there is no
@@ -122,13 +131,13 @@ def guided_load_factors(candidates: Candidates, oracle: Oracle, time_limit: floa
     key = ("every_load_factor_bound", points)
     candidates.memo[key] = _timed(candidates, points, lambda: _bound(candidates, oracle, points, time_limit, solution))
     if not solution:
-        return {}
-    x, table, factor = solution
+        return Guide({})
+    x, table, factor, work = solution
     wanted: dict[int, set[float]] = {}
     for j in np.flatnonzero(x > GUIDE_WEIGHT):
         if 0 < factor[j] < 1:
             wanted.setdefault(int(table[j]), set()).add(round(float(factor[j]), LOAD_FACTOR_DIGITS))
-    return {t: tuple(sorted(f)) for t, f in sorted(wanted.items())}
+    return Guide({t: tuple(sorted(f)) for t, f in sorted(wanted.items())}, work)
 
 
 def has_every_load_factor_bound(candidates: Candidates, points: int = POINTS) -> bool:
@@ -159,7 +168,7 @@ def _timed(candidates: Candidates, points: int, solve):
 def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: float | None,
            solution: list | None = None) -> float | None:
     """The bound; where `solution` is given, the LP's weight on each curve column, its table and its load
-    factor appended to it."""
+    factor appended to it, and each table's work summed over its columns by their weights."""
     started = time.monotonic()
     instance = candidates.instance
     if candidates.moves is not None or not oracle.additive or not oracle.convex_in_load_factor(instance):
@@ -185,9 +194,11 @@ def _bound(candidates: Candidates, oracle: Oracle, points: int, time_limit: floa
     left = None if time_limit is None else max(time_limit - (time.monotonic() - started), 1e-3)
     # Begin with every STRIDE-th point of each curve, all of the rest generated where the duals ask for them.
     start = np.r_[np.ones(grid.table.size, dtype=bool), np.isin(factor, load_factor_points(points)[::STRIDE])]
-    bound = lp_over(candidates, grid + curve, left, safe=True, solution=weights, start=start)
+    columns = grid + curve
+    bound = lp_over(candidates, columns, left, safe=True, solution=weights, start=start)
     if solution is not None and weights:
-        solution += [weights[0][grid.table.size:], curve.table, factor]
+        work = np.bincount(columns.table, weights=weights[0] * columns.work, minlength=instance.num_tables)
+        solution += [weights[0][grid.table.size:], curve.table, factor, work]
     return bound
 
 

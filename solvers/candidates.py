@@ -63,15 +63,18 @@ class Problem:
     previous: Previous | None = None  # a replan's previous plan and move budget (None: plan afresh)
     # Per table, load factors its cache is offered beside the grid's (instances.options.enumerate_options).
     load_factors: Mapping[int, tuple[float, ...]] | None = None
+    # The few tables that do most of the work, named by the price stage where it offered them fine load factors
+    # (among `load_factors`): the exact model solves them alone first (solvers.exact_model.core_tables).
+    core: tuple[int, ...] | None = None
 
     @classmethod
     def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
                previous: Previous | None = None,
                load_factors: Mapping[int, tuple[float, ...]] | None = None,
-               candidates: "Candidates | None" = None) -> "Problem":
+               candidates: "Candidates | None" = None, core: tuple[int, ...] | None = None) -> "Problem":
         """The problem with its options priced (`candidates` where they already are, and, for solvers of whole
         tables, its whole-table restriction with its options and table-wise pieces priced too), sealed."""
-        problem = cls(instance, oracle, previous=previous, load_factors=load_factors)
+        problem = cls(instance, oracle, previous=previous, load_factors=load_factors, core=core)
         if candidates is not None:
             problem.__dict__["candidates"] = candidates  # what the cached property would have built
         problem.candidates

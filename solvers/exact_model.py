@@ -151,22 +151,33 @@ def centre_of(candidates: Candidates, budget: Budget) -> np.ndarray | None:
     return knapsack_centre(candidates, KNAPSACK_SHARE * budget.time_limit, budget.deadline())
 
 
+def core_of(work: np.ndarray, num_devices: int) -> np.ndarray | None:
+    """Given each table's work, the few tables that do most of it: each at least CORE_LOAD of the average
+    device's load, at most CORE_TABLES of them, together at least CORE_WORK of all of it and not every table;
+    None where there are none such."""
+    total = float(work.sum())
+    core = np.flatnonzero(work >= CORE_LOAD * total / num_devices)
+    if not 0 < core.size <= CORE_TABLES or core.size == work.size or work[core].sum() < CORE_WORK * total:
+        return None
+    return core
+
+
 def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | None:
-    """The few tables that do most of the work (CORE_LOAD, CORE_WORK, CORE_TABLES, CORE_OPTIONS), by their option
-    in `centre` or else their least work; None where there are none such or they are every table, where the
-    instance is larger than NEIGHBOURHOOD_MAX_SIZE, where caches are offered load factors beside the grid's
-    (over those CP-SAT proved no core: above), and in a replan (its moves are not modelled alone). Leaving
-    tables out never raises an additive oracle's optimum (their pieces' costs and bytes go, nothing else
-    changes), so what the model over the core alone proves bounds the whole; where a few tables are each
-    worth several devices, their pieces' coarse cuts are what the LP does not see."""
+    """The tables the exact model solves alone first: those the price stage named (`Problem.core`, offered fine
+    load factors there), or else `core_of` their option in `centre` or their least work, at most CORE_OPTIONS
+    options together; None where there are none such, where the instance is larger than
+    NEIGHBOURHOOD_MAX_SIZE, where caches are offered load factors beside the grid's (over the LP's, CP-SAT
+    proved no core: above), and in a replan (its moves are not modelled alone). Leaving tables out never raises
+    an additive oracle's optimum (their pieces' costs and bytes go, nothing else changes), so what the model
+    over the core alone proves bounds the whole; where a few tables are each worth several devices, their
+    pieces' coarse cuts are what the LP does not see."""
+    if problem.core is not None:
+        return np.asarray(problem.core, dtype=np.int64)
     candidates = problem.candidates
     if problem.load_factors or not cut_down_settles(candidates):
         return None
-    work = candidates.work[centre] if centre is not None else candidates.least_work
-    total = float(work.sum())
-    core = np.flatnonzero(work >= CORE_LOAD * total / candidates.num_devices)
-    if not 0 < core.size <= CORE_TABLES or core.size == work.size or work[core].sum() < CORE_WORK * total or \
-            sum(candidates.by_table[t].size for t in core) > CORE_OPTIONS:
+    core = core_of(candidates.work[centre] if centre is not None else candidates.least_work, candidates.num_devices)
+    if core is None or sum(candidates.by_table[t].size for t in core) > CORE_OPTIONS:
         return None
     return core
 

@@ -192,7 +192,7 @@ def test_plan_offers_the_load_factors_the_bound_caches_tables_at_and_certifies_o
 
     instance = _tight()
     oracle = get_oracle("torchrec")
-    wanted = guided_load_factors(Candidates.build(instance, oracle), oracle)
+    wanted = guided_load_factors(Candidates.build(instance, oracle), oracle).load_factors
     assert wanted and all(0 < f < 1 for factors in wanted.values() for f in factors)
     result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
     assert result.guided == sum(map(len, wanted.values()))

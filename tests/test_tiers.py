@@ -41,6 +41,7 @@ from solvers.exact_model import (
     ExactStart,
     centre_of,
     completed,
+    core_of,
     core_tables,
     exact_start,
     neighbourhoods,
@@ -577,3 +578,14 @@ def test_cpsat_keeps_the_bound_and_the_plan_of_the_few_tables_that_do_most_of_th
     alike = dataclasses.replace(CORE_HEAVY, tables=tuple(make_table(f"t{i}", 50, 8, 16.0) for i in range(3)))
     assert core_tables(Problem(alike.validate(), oracle), None) is None
     assert core_tables(Problem(CORE_HEAVY, oracle, load_factors={0: (0.33,)}), None) is None
+
+
+
+def test_the_core_is_the_few_tables_that_do_most_of_the_work():
+    assert core_of(np.array([5.0, 4.0, 0.5, 0.5]), 2).tolist() == [0, 1]
+    assert core_of(np.array([1.0, 1.0, 1.0]), 2) is None          # alike: the core would be every table
+    assert core_of(np.array([3.0] + [1.0] * 20), 2) is None       # one table, but not half of all the work
+    assert core_of(np.array([10.0] * 9 + [0.1]), 2) is None        # more than CORE_TABLES
+    # A core the price stage names is the core, whatever the load factors offered.
+    problem = Problem(CORE_HEAVY, get_oracle("analytic"), load_factors={0: (0.33,)}, core=(1,))
+    assert core_tables(problem, None).tolist() == [1]
