@@ -13,6 +13,7 @@ from typing import Callable, Mapping
 
 from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance, InstanceError
+from instances.kernels import LOAD_FACTOR_DIGITS
 from instances.memory import format_bytes
 from instances.moves import Previous
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
@@ -20,13 +21,16 @@ from solvers.base import incompatibility, load_backends, memory_infeasibility
 from solvers.bounds import LPOutOfTime, solve_lp_within
 from solvers.cache_bound import POINTS as CURVE_POINTS
 from solvers.cache_bound import (
+    Guide,
     carry_bound,
     curve_pieces,
     every_load_factor_bound,
     guided_load_factors,
     has_every_load_factor_bound,
+    load_factor_points,
 )
 from solvers.candidates import Candidates
+from solvers.exact_model import core_of, cut_down_settles
 
 from .portfolio import (
     REPLAN_PORTFOLIO,
@@ -59,6 +63,15 @@ CERTIFY_FLOOR_S = 1.0
 # pricing the curves (CURVE_POINTS per cached layout; about this many pieces a second here) takes at most half.
 GUIDE_SHARE = 0.35
 CURVE_PIECES_PER_S = 200_000
+# Where a few tables do most of the LP's work (solvers.exact_model.core_of), their caches are offered these
+# load factors too and the exact model plans them alone first, on budgets of at least CORE_BUDGET_S: on the
+# MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, `plan` then ended at 29.94 ms at 20 and
+# 30 s against 33.18 and 32.45 without; at 10 s CP-SAT's model over them found little in time and the
+# searches, offered them too, did worse (31.4-42.8 ms against 33.35; docs/bounds.md). Its 40 load factors lie
+# between 0.05 and 0.86 (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
+CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
+                                  if 0.05 <= f <= 0.86}))
+CORE_BUDGET_S = 20.0
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
@@ -122,6 +135,7 @@ class Priced:
     clock: Budget
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
+    core: tuple[int, ...] = ()  # the tables offered CORE_LOAD_FACTORS too (`offered`)
 
 
 @dataclass(frozen=True)
@@ -250,17 +264,18 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     memory tiers) while every member waits for it here. The budget's clock starts now (building the oracle,
     which may load a library, is start-up, not planning)."""
     clock = budget.begun()
-    base, factors = guided(instance, oracle, clock) if guide and previous is None else (None, {})
+    base, found = guided(instance, oracle, clock) if guide and previous is None else (None, Guide({}))
+    factors, core = offered(base, found, clock)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
-                             candidates=None if factors else base)
+                             candidates=None if factors else base, core=core)
     if base is not None and factors:
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed(), sum(map(len, factors.values())))
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, factors.values())), core or ())
 
 
-def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, dict]:
+def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, Guide]:
     """The options on the grid and, per table, the load factors at which the LP over every load factor caches
     it (solvers.cache_bound.guided_load_factors), within GUIDE_SHARE of the budget: on tiered tasks at
     80 × 8 under TorchRec's estimator they took `pair-balance`'s plans up to 1.6 % lower at 10 s
@@ -268,16 +283,31 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
     load factors where no cache is open, pricing the curves would take more than half that share
     (CURVE_PIECES_PER_S) or the LP the rest."""
     if not (oracle.additive and instance.uses_host_memory and oracle.convex_in_load_factor(instance)):
-        return None, {}
+        return None, Guide({})
     share = GUIDE_SHARE * clock.time_limit
     base = Candidates.build(instance, oracle)
     pieces = curve_pieces(base, oracle)
     if not pieces or pieces / CURVE_PIECES_PER_S > share / 2:
-        return base, {}
+        return base, Guide({})
     try:
-        return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3)).load_factors
+        return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3))
     except LPOutOfTime:
-        return base, {}
+        return base, Guide({})
+
+
+def offered(base: Candidates | None, guide: Guide, clock: Budget) -> tuple[dict, tuple[int, ...] | None]:
+    """The load factors offered beside the grid's: the guide's and, on budgets of at least CORE_BUDGET_S where a
+    few tables do most of the LP's work (`core_of`) and a model cut down to them settles (`cut_down_settles`),
+    CORE_LOAD_FACTORS for each of those tables, which are named as the core (else None)."""
+    factors = dict(guide.load_factors)
+    if base is None or guide.work is None or clock.time_limit < CORE_BUDGET_S or not cut_down_settles(base):
+        return factors, None
+    core = core_of(guide.work, base.num_devices)
+    if core is None:
+        return factors, None
+    for table in map(int, core):
+        factors[table] = tuple(sorted({*factors.get(table, ()), *CORE_LOAD_FACTORS}))
+    return factors, tuple(map(int, core))
 
 
 # ------------------------------------------------------------------ race and certify
@@ -308,7 +338,7 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
-    return every_load_factor(priced, replace(settled, guided=priced.guided))
+    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.core))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -366,7 +396,9 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
     lines = [f"  options priced once in {result.pricing_s:.2f} s" + (
         ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")
         + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
-           "caches tables" if result.guided else "")]
+           "caches tables" if result.guided else "")
+        + (f"; the {len(result.core)} tables that do most of its work ({', '.join(map(str, result.core))}) offered "
+           f"{len(CORE_LOAD_FACTORS)} more each and planned alone first" if result.core else "")]
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -417,7 +449,7 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "seed": request.seed, "gap_target": request.gap, "objective": result.objective,
         "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
-        "guided_load_factors": result.guided, "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
+        "guided_load_factors": result.guided, "core_tables": list(result.core), "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,

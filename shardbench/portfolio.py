@@ -105,6 +105,7 @@ class PortfolioResult:
     # whether or not its caches were re-sized; None with the reason where there is none.
     every_lf_bound: float | None = None
     guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
+    core: tuple[int, ...] = ()  # tables offered fine load factors and planned alone first (shardbench.pipeline.offered)
     every_lf_seconds: float = 0.0
     every_lf_why: str | None = None
 

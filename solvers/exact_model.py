@@ -184,17 +184,51 @@ def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | Non
 
 def completed(candidates: Candidates, found: tuple[list[int], np.ndarray]) -> Assembly | None:
     """A plan of some tables' options and pieces (the others' option -1) with every other table fitted in
-    turn, costliest first, where its pieces cost least, its least-work option first (`place_table`); None
-    where one finds no room."""
+    turn, costliest first, where its pieces cost least, its least-work option first (`place_table`). Where one
+    finds no room, one of the given tables gives up HBM first: the one whose next leaner option cut the same
+    way, on the same devices, raises the most loaded device least (the core's caches sized before the other
+    tables took their room); None where none can."""
     assembly = Assembly(candidates)
     assembly.load(np.asarray(found[0]), np.asarray(found[1]))
+    given = np.flatnonzero(assembly.chosen >= 0)
     for table in order_by_cost(candidates.least_work):
-        if assembly.chosen[table] < 0:
-            ids = candidates.by_table[table]
-            placed, _ = place_table(assembly, int(table), int(ids[np.argmin(candidates.work[ids])]), candidates.work)
-            if not placed:
+        if assembly.chosen[table] >= 0:
+            continue
+        ids = candidates.by_table[table]
+        while not place_table(assembly, int(table), int(ids[np.argmin(candidates.work[ids])]), candidates.work)[0]:
+            if not _leaner(assembly, given):
                 return None
     return assembly
+
+
+def _leaner(assembly: Assembly, tables: np.ndarray) -> bool:
+    """One of `tables` switched, in place, to its next option with less HBM cut the same way, the one that
+    leaves the most loaded device lowest (and fits every tier); whether there was one."""
+    candidates = assembly.c
+    hbm = candidates.total_storage[:, HBM]
+    best = None
+    for table in tables:
+        option = int(assembly.chosen[table])
+        ids = candidates.by_table[table]
+        same = ids[(candidates.layout[ids] == candidates.layout[option]) & (hbm[ids] < hbm[option])]
+        if not same.size:
+            continue
+        leaner = int(same[np.argmax(hbm[same])])
+        _, devices = assembly.take(int(table))
+        need = np.zeros_like(assembly.free)
+        np.add.at(need, devices, assembly.memory[candidates.members(leaner)])
+        if (need <= assembly.free).all():
+            assembly.put(leaner, devices)
+            peak = assembly.objective()
+            assembly.take(int(table))
+            if best is None or peak < best[0]:
+                best = (peak, int(table), leaner)
+        assembly.put(option, devices)
+    if best is None:
+        return False
+    _, devices = assembly.take(best[1])
+    assembly.put(best[2], devices)
+    return True
 
 
 def neighbourhoods(candidates: Candidates, centre: np.ndarray | None) -> list[Candidates]:

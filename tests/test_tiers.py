@@ -534,6 +534,12 @@ def test_the_model_over_some_tables_is_their_own_optimum_and_bounds_the_whole(in
                 assert whole is not None
             if whole is not None:
                 assert (whole.chosen >= 0).all()
+                # A given table keeps its cut and at most its HBM (it may only have given HBM up).
+                c = problem.candidates
+                for t in tables:
+                    given, kept = run.found[0][t], whole.chosen[t]
+                    assert c.layout[kept] == c.layout[given]
+                    assert c.total_storage[kept, HBM] <= c.total_storage[given, HBM]
                 plan = whole.plan()
                 plan.validate(instance)
                 assert oracle.plan_cost(instance, plan) >= optimum * (1 - 1e-9)
@@ -589,3 +595,63 @@ def test_the_core_is_the_few_tables_that_do_most_of_the_work():
     # A core the price stage names is the core, whatever the load factors offered.
     problem = Problem(CORE_HEAVY, get_oracle("analytic"), load_factors={0: (0.33,)}, core=(1,))
     assert core_tables(problem, None).tolist() == [1]
+
+
+def _core_cached(small: int = 4, small_rows: int = 300, small_kernels=None) -> Instance:
+    """Two tables that do most of the work, each larger than a device's HBM, beside `small` small ones."""
+    small = tuple(dataclasses.replace(make_table(f"s{i}", small_rows, 16, 1.0), compute_kernels=small_kernels)
+                  for i in range(small))
+    return Instance("core-cached", (make_table("t0", 6000, 16, 8.0), make_table("t1", 8000, 16, 8.0), *small),
+                    Topology(1, 2, 100 * 1024, host_memory_bytes=2**30), Workload(batch_size=64),
+                    sharding_types=("table_wise", "row_wise")).validate()
+
+
+def test_completing_a_core_plan_gives_up_its_caches_hbm_where_another_table_finds_no_room():
+    from solvers.assembly import Assembly, Trial
+
+    instance = _core_cached(1, 2100, small_kernels=(FUSED,))  # the small table needs HBM
+    candidates = Candidates.build(instance, get_oracle("analytic"))
+    options, hbm = candidates.options.options, candidates.total_storage[:, HBM]
+    given = Assembly(candidates)
+    for table in (0, 1):  # each big table whole on a device, with the largest cache that fits it
+        cached = [int(o) for o in candidates.by_table[table] if options[o].kernel == FUSED_UVM_CACHING
+                  and options[o].sharding_type == "table_wise"]
+        for option in sorted(cached, key=lambda o: -hbm[o]):
+            trial = given.fit(option)
+            if isinstance(trial, Trial):
+                given.put(option, trial.devices)
+                break
+    found = given.snapshot()
+    assert (found[0][:2] >= 0).all() and not any(isinstance(given.fit(int(o)), Trial)
+                                                 for o in candidates.by_table[2])
+    whole = completed(candidates, found)
+    assert whole is not None and (whole.chosen >= 0).all()
+    whole.plan().validate(instance)
+    assert all(candidates.layout[whole.chosen[t]] == candidates.layout[found[0][t]] for t in (0, 1))
+    assert all(hbm[whole.chosen[t]] <= hbm[found[0][t]] for t in (0, 1))
+    assert any(hbm[whole.chosen[t]] < hbm[found[0][t]] for t in (0, 1))
+
+
+def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long_budgets(monkeypatch, tmp_path,
+                                                                                       capsys):
+    import shardbench
+    import shardbench.pipeline as pipeline
+
+    instance = _core_cached()
+    short = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
+    assert short.core == ()  # below CORE_BUDGET_S
+    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
+    result = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
+    assert result.core == (0, 1)
+    result.plan.validate(instance)
+    assert result.bound <= (result.grid_objective or result.objective) * (1 + 1e-9)
+    assert result.every_lf_bound is None or result.every_lf_bound <= result.objective * (1 + 1e-9)
+    priced = pipeline.price(instance, get_oracle("torchrec"), Budget(2.0), whole_tables=False, guide=True)
+    assert priced.problem.core == (0, 1)
+    assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in (0, 1))
+    assert core_tables(priced.problem, None).tolist() == [0, 1]
+    path, out = tmp_path / "core.json", tmp_path / "plan.json"
+    save_instance(instance, path)
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "2", "--solvers", "cpsat", "-o", str(out)]) == 0
+    assert "planned alone first" in capsys.readouterr().out
+    assert json.loads(out.read_text())["report"]["core_tables"] == [0, 1]
