@@ -65,13 +65,14 @@ GUIDE_SHARE = 0.35
 CURVE_PIECES_PER_S = 200_000
 # Where a few tables do most of the LP's work (solvers.exact_model.core_of), their caches are offered these
 # load factors too and the exact model plans them alone first, on budgets of at least CORE_BUDGET_S: on the
-# MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, `plan` then ended at 29.94 ms at 20 and
-# 30 s against 33.18 and 32.45 without; at 10 s CP-SAT's model over them found little in time and the
-# searches, offered them too, did worse (31.4-42.8 ms against 33.35; docs/bounds.md). Its 40 load factors lie
+# MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, `plan` then ended at 29.91-30.01 ms at 20
+# and 30 s over six runs, against 31.73-33.36 without; at 10 s CP-SAT's model over them found little in time
+# and the searches, offered them too, did worse (45.2-59.2 ms against 33.35; docs/bounds.md). Its 40 load factors lie
 # between 0.05 and 0.86 (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
 CORE_BUDGET_S = 20.0
+NO_GUIDE = Guide({})  # where there is no LP over every load factor to suggest anything
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
@@ -135,7 +136,7 @@ class Priced:
     clock: Budget
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
-    core: tuple[int, ...] = ()  # the tables offered CORE_LOAD_FACTORS too (`offered`)
+    core: tuple[int, ...] = ()  # the tables offered CORE_LOAD_FACTORS too, beside `guided` (`offered`)
 
 
 @dataclass(frozen=True)
@@ -264,7 +265,7 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     memory tiers) while every member waits for it here. The budget's clock starts now (building the oracle,
     which may load a library, is start-up, not planning)."""
     clock = budget.begun()
-    base, found = guided(instance, oracle, clock) if guide and previous is None else (None, Guide({}))
+    base, found = guided(instance, oracle, clock) if guide and previous is None else (None, NO_GUIDE)
     factors, core = offered(base, found, clock)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
                              candidates=None if factors else base, core=core)
@@ -272,39 +273,39 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed(), sum(map(len, factors.values())), core or ())
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())), core)
 
 
 def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, Guide]:
-    """The options on the grid and, per table, the load factors at which the LP over every load factor caches
-    it (solvers.cache_bound.guided_load_factors), within GUIDE_SHARE of the budget: on tiered tasks at
-    80 × 8 under TorchRec's estimator they took `pair-balance`'s plans up to 1.6 % lower at 10 s
-    (docs/bounds.md). No options (None) where the oracle does not promise the convexity that LP rests on; no
+    """The options on the grid and what the LP over every load factor suggests (solvers.cache_bound.Guide: per
+    table, the load factors at which it caches it, and its work there), within GUIDE_SHARE of the budget: on
+    tiered tasks at 80 × 8 under TorchRec's estimator those load factors took `pair-balance`'s plans up to 1.6 %
+    lower at 10 s (docs/bounds.md). No options (None) where the oracle does not promise the convexity that LP rests on; no
     load factors where no cache is open, pricing the curves would take more than half that share
     (CURVE_PIECES_PER_S) or the LP the rest."""
     if not (oracle.additive and instance.uses_host_memory and oracle.convex_in_load_factor(instance)):
-        return None, Guide({})
+        return None, NO_GUIDE
     share = GUIDE_SHARE * clock.time_limit
     base = Candidates.build(instance, oracle)
     pieces = curve_pieces(base, oracle)
     if not pieces or pieces / CURVE_PIECES_PER_S > share / 2:
-        return base, Guide({})
+        return base, NO_GUIDE
     try:
         return base, guided_load_factors(base, oracle, max(share - clock.elapsed(), 1e-3))
     except LPOutOfTime:
-        return base, Guide({})
+        return base, NO_GUIDE
 
 
-def offered(base: Candidates | None, guide: Guide, clock: Budget) -> tuple[dict, tuple[int, ...] | None]:
+def offered(base: Candidates | None, guide: Guide, clock: Budget) -> tuple[dict, tuple[int, ...]]:
     """The load factors offered beside the grid's: the guide's and, on budgets of at least CORE_BUDGET_S where a
     few tables do most of the LP's work (`core_of`) and a model cut down to them settles (`cut_down_settles`),
-    CORE_LOAD_FACTORS for each of those tables, which are named as the core (else None)."""
+    CORE_LOAD_FACTORS for each of those tables, which are named as the core (else none)."""
     factors = dict(guide.load_factors)
     if base is None or guide.work is None or clock.time_limit < CORE_BUDGET_S or not cut_down_settles(base):
-        return factors, None
+        return factors, ()
     core = core_of(guide.work, base.num_devices)
     if core is None:
-        return factors, None
+        return factors, ()
     for table in map(int, core):
         factors[table] = tuple(sorted({*factors.get(table, ()), *CORE_LOAD_FACTORS}))
     return factors, tuple(map(int, core))
@@ -398,7 +399,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
            "caches tables" if result.guided else "")
         + (f"; the {len(result.core)} tables that do most of its work ({', '.join(map(str, result.core))}) offered "
-           f"{len(CORE_LOAD_FACTORS)} more each and planned alone first" if result.core else "")]
+           f"up to {len(CORE_LOAD_FACTORS)} more each and planned alone first" if result.core else "")]
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -421,7 +422,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
     if result.resized_line is not None:
         lines.append(f"  {result.resized_line}")
     gap = result.gap
-    over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided else "")
+    over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided or result.core else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
     lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}{before}"
                  if gap is not None else "  certificate: none (no member proved a bound)")

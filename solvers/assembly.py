@@ -111,6 +111,12 @@ class Assembly:
         self.chosen[table] = -1
         return option, devices
 
+    def fits_at(self, option: int, devices: np.ndarray) -> bool:
+        """Whether the option's pieces, on `devices` (one per piece), fit the memory left there in every tier."""
+        need = np.zeros_like(self.free)
+        np.add.at(need, devices, self.memory[self.c.members(option)])
+        return bool((need <= self.free).all())
+
     def move(self, piece: int, device: int) -> None:
         source = int(self.device[piece])
         if self.moves is not None:

@@ -65,13 +65,13 @@ class Problem:
     load_factors: Mapping[int, tuple[float, ...]] | None = None
     # The few tables that do most of the work, named by the price stage where it offered them fine load factors
     # (among `load_factors`): the exact model solves them alone first (solvers.exact_model.core_tables).
-    core: tuple[int, ...] | None = None
+    core: tuple[int, ...] = ()
 
     @classmethod
     def priced(cls, instance: Instance, oracle: Oracle, whole_tables: bool = False,
                previous: Previous | None = None,
                load_factors: Mapping[int, tuple[float, ...]] | None = None,
-               candidates: "Candidates | None" = None, core: tuple[int, ...] | None = None) -> "Problem":
+               candidates: "Candidates | None" = None, core: tuple[int, ...] = ()) -> "Problem":
         """The problem with its options priced (`candidates` where they already are, and, for solvers of whole
         tables, its whole-table restriction with its options and table-wise pieces priced too), sealed."""
         problem = cls(instance, oracle, previous=previous, load_factors=load_factors, core=core)
@@ -134,7 +134,7 @@ class Problem:
             return self
         self._price("the whole-table restriction")
         return Problem(self.instance.restricted_to((TABLE_WISE,)), self.oracle, previous=self.previous,
-                       load_factors=self.load_factors)
+                       load_factors=self.load_factors, core=self.core)
 
 
 def replan_options(instance: Instance, options: list[Option], previous: Previous) -> list[Option]:

@@ -68,7 +68,9 @@ NEIGHBOURHOOD_MAX_SIZE = 1_600
 # with the next one or three tables too (232, 299 options) in 5.8 and 7.9 s; 12 tables not within 10 s, nor the
 # 5 with the LP's load factors offered beside the grid's (231 options) within 20 s. On the tiers suites' tasks
 # no table set passes (the 8 largest do about 40 %), and their optimum alone, with the other tables as a priced
-# fluid, was the LP's.
+# fluid, was the LP's. A core the price stage names (`Problem.core`) has no option cap: its tables are offered
+# fine load factors, over which CP-SAT seeks a plan more than a proof (on the Criteo tables, 1,432 options in
+# all with the five offered them: 29.9-30.0 ms at 20 s; shardbench.pipeline.CORE_BUDGET_S).
 CORE_LOAD = 0.4
 CORE_WORK = 0.5
 CORE_TABLES = 8
@@ -166,15 +168,18 @@ def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | Non
     """The tables the exact model solves alone first: those the price stage named (`Problem.core`, offered fine
     load factors there), or else `core_of` their option in `centre` or their least work, at most CORE_OPTIONS
     options together; None where there are none such, where the instance is larger than
-    NEIGHBOURHOOD_MAX_SIZE, where caches are offered load factors beside the grid's (over the LP's, CP-SAT
-    proved no core: above), and in a replan (its moves are not modelled alone). Leaving tables out never raises
+    NEIGHBOURHOOD_MAX_SIZE or a replan (`cut_down_settles`; its moves are not modelled alone), and where caches
+    are offered load factors beside the grid's that the price stage named no core for (over the LP's, CP-SAT
+    proved no core: above). Leaving tables out never raises
     an additive oracle's optimum (their pieces' costs and bytes go, nothing else changes), so what the model
     over the core alone proves bounds the whole; where a few tables are each worth several devices, their
     pieces' coarse cuts are what the LP does not see."""
-    if problem.core is not None:
-        return np.asarray(problem.core, dtype=np.int64)
     candidates = problem.candidates
-    if problem.load_factors or not cut_down_settles(candidates):
+    if not cut_down_settles(candidates):
+        return None
+    if problem.core:
+        return np.asarray(problem.core, dtype=np.int64)
+    if problem.load_factors:
         return None
     core = core_of(candidates.work[centre] if centre is not None else candidates.least_work, candidates.num_devices)
     if core is None or sum(candidates.by_table[t].size for t in core) > CORE_OPTIONS:
@@ -185,9 +190,9 @@ def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | Non
 def completed(candidates: Candidates, found: tuple[list[int], np.ndarray]) -> Assembly | None:
     """A plan of some tables' options and pieces (the others' option -1) with every other table fitted in
     turn, costliest first, where its pieces cost least, its least-work option first (`place_table`). Where one
-    finds no room, one of the given tables gives up HBM first: the one whose next leaner option cut the same
-    way, on the same devices, raises the most loaded device least (the core's caches sized before the other
-    tables took their room); None where none can."""
+    finds no room in HBM, one of the given tables gives up HBM first: the one whose next leaner option cut the
+    same way, on the same devices, raises the most loaded device least (the core's caches sized before the
+    other tables took their room); None where none can, or where what the table lacks is another tier."""
     assembly = Assembly(candidates)
     assembly.load(np.asarray(found[0]), np.asarray(found[1]))
     given = np.flatnonzero(assembly.chosen >= 0)
@@ -195,8 +200,12 @@ def completed(candidates: Candidates, found: tuple[list[int], np.ndarray]) -> As
         if assembly.chosen[table] >= 0:
             continue
         ids = candidates.by_table[table]
-        while not place_table(assembly, int(table), int(ids[np.argmin(candidates.work[ids])]), candidates.work)[0]:
-            if not _leaner(assembly, given):
+        lightest = int(ids[np.argmin(candidates.work[ids])])
+        while True:
+            placed, stuck = place_table(assembly, int(table), lightest, candidates.work)
+            if placed:
+                break
+            if stuck is None or stuck.tier != HBM or not _leaner(assembly, given):
                 return None
     return assembly
 
@@ -215,9 +224,7 @@ def _leaner(assembly: Assembly, tables: np.ndarray) -> bool:
             continue
         leaner = int(same[np.argmax(hbm[same])])
         _, devices = assembly.take(int(table))
-        need = np.zeros_like(assembly.free)
-        np.add.at(need, devices, assembly.memory[candidates.members(leaner)])
-        if (need <= assembly.free).all():
+        if assembly.fits_at(leaner, devices):
             assembly.put(leaner, devices)
             peak = assembly.objective()
             assembly.take(int(table))

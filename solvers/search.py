@@ -614,11 +614,8 @@ def from_previous(candidates: Candidates, changes: bool, deadline: float | None)
     for table, option in enumerate(moves.old_option):
         if option < 0 or not candidates.live[option]:
             continue
-        members = candidates.members(int(option))
-        devices = moves.old_device[members]
-        need = np.zeros_like(assembly.free)
-        np.add.at(need, devices, assembly.memory[members])
-        if (need <= assembly.free).all():
+        devices = moves.old_device[candidates.members(int(option))]
+        if assembly.fits_at(int(option), devices):
             assembly.put(int(option), devices)
     weight = option_weight(candidates)
     chosen = choose_options(candidates, np.inf, weight)
