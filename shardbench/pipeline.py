@@ -66,12 +66,13 @@ CURVE_PIECES_PER_S = 200_000
 # Where a few tables do most of the LP's work (solvers.exact_model.core_of), their caches are offered these
 # load factors too and the exact model plans them alone first, on budgets of at least CORE_BUDGET_S: on the
 # MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, `plan` then ended at 29.91-30.01 ms at 20
-# and 30 s over six runs, against 31.73-33.36 without; at 10 s CP-SAT's model over them found little in time
-# and the searches, offered them too, did worse (45.2-59.2 ms against 33.35; docs/bounds.md). Its 40 load factors lie
+# and 30 s over six runs, against 31.73-33.36 without; at 15 s (3 runs of 3) and 10 s CP-SAT's model over them
+# found nothing in time and the searches, offered them too, did worse (45.2-59.2 ms against 31.9-33.4). It needs
+# about 10 s there; at 30 s it has twice that (docs/bounds.md). Its 40 load factors lie
 # between 0.05 and 0.86 (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
-CORE_BUDGET_S = 20.0
+CORE_BUDGET_S = 30.0
 NO_GUIDE = Guide({})  # where there is no LP over every load factor to suggest anything
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the

@@ -70,7 +70,7 @@ NEIGHBOURHOOD_MAX_SIZE = 1_600
 # no table set passes (the 8 largest do about 40 %), and their optimum alone, with the other tables as a priced
 # fluid, was the LP's. A core the price stage names (`Problem.core`) has no option cap: its tables are offered
 # fine load factors, over which CP-SAT seeks a plan more than a proof (on the Criteo tables, 1,432 options in
-# all with the five offered them: 29.9-30.0 ms at 20 s; shardbench.pipeline.CORE_BUDGET_S).
+# all with the five offered them: 29.9-30.0 ms at 20 and 30 s; shardbench.pipeline.CORE_BUDGET_S).
 CORE_LOAD = 0.4
 CORE_WORK = 0.5
 CORE_TABLES = 8
