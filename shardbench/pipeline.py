@@ -68,8 +68,8 @@ CURVE_PIECES_PER_S = 200_000
 # MLPerf Criteo-1TB tables with HBM short under TorchRec's estimator, `plan` then ended at 29.91-30.01 ms at 20
 # and 30 s over six runs, against 31.73-33.36 without; at 15 s (3 runs of 3) and 10 s CP-SAT's model over them
 # found nothing in time and the searches, offered them too, did worse (45.2-59.2 ms against 31.9-33.4). It needs
-# about 10 s there; at 30 s it has twice that (docs/bounds.md). Its 40 load factors lie
-# between 0.05 and 0.86 (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
+# about 10 s there; at 30 s it has twice that (docs/bounds.md). Its 40 load factors lie between 0.05 and 0.86
+# (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
 CORE_BUDGET_S = 30.0
@@ -137,7 +137,6 @@ class Priced:
     clock: Budget
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
-    core: tuple[int, ...] = ()  # the tables offered CORE_LOAD_FACTORS too, beside `guided` (`offered`)
 
 
 @dataclass(frozen=True)
@@ -274,15 +273,15 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())), core)
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())))
 
 
 def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, Guide]:
     """The options on the grid and what the LP over every load factor suggests (solvers.cache_bound.Guide: per
     table, the load factors at which it caches it, and its work there), within GUIDE_SHARE of the budget: on
     tiered tasks at 80 × 8 under TorchRec's estimator those load factors took `pair-balance`'s plans up to 1.6 %
-    lower at 10 s (docs/bounds.md). No options (None) where the oracle does not promise the convexity that LP rests on; no
-    load factors where no cache is open, pricing the curves would take more than half that share
+    lower at 10 s (docs/bounds.md). No options (None) where the oracle does not promise the convexity that LP
+    rests on; no load factors where no cache is open, pricing the curves would take more than half that share
     (CURVE_PIECES_PER_S) or the LP the rest."""
     if not (oracle.additive and instance.uses_host_memory and oracle.convex_in_load_factor(instance)):
         return None, NO_GUIDE
@@ -304,12 +303,11 @@ def offered(base: Candidates | None, guide: Guide, clock: Budget) -> tuple[dict,
     factors = dict(guide.load_factors)
     if base is None or guide.work is None or clock.time_limit < CORE_BUDGET_S or not cut_down_settles(base):
         return factors, ()
-    core = core_of(guide.work, base.num_devices)
-    if core is None:
-        return factors, ()
-    for table in map(int, core):
+    found = core_of(guide.work, base.num_devices)
+    core = () if found is None else tuple(map(int, found))
+    for table in core:
         factors[table] = tuple(sorted({*factors.get(table, ()), *CORE_LOAD_FACTORS}))
-    return factors, tuple(map(int, core))
+    return factors, core
 
 
 # ------------------------------------------------------------------ race and certify
@@ -340,7 +338,7 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
-    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.core))
+    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.problem.core))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -451,7 +449,8 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "seed": request.seed, "gap_target": request.gap, "objective": result.objective,
         "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
-        "guided_load_factors": result.guided, "core_tables": list(result.core), "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
+        "guided_load_factors": result.guided, "core_tables": list(result.core),
+        "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,

@@ -170,10 +170,9 @@ def core_tables(problem: Problem, centre: np.ndarray | None) -> np.ndarray | Non
     options together; None where there are none such, where the instance is larger than
     NEIGHBOURHOOD_MAX_SIZE or a replan (`cut_down_settles`; its moves are not modelled alone), and where caches
     are offered load factors beside the grid's that the price stage named no core for (over the LP's, CP-SAT
-    proved no core: above). Leaving tables out never raises
-    an additive oracle's optimum (their pieces' costs and bytes go, nothing else changes), so what the model
-    over the core alone proves bounds the whole; where a few tables are each worth several devices, their
-    pieces' coarse cuts are what the LP does not see."""
+    proved no core: above). Leaving tables out never raises an additive oracle's optimum (their pieces' costs
+    and bytes go, nothing else changes), so what the model over the core alone proves bounds the whole; where
+    a few tables are each worth several devices, their pieces' coarse cuts are what the LP does not see."""
     candidates = problem.candidates
     if not cut_down_settles(candidates):
         return None
