@@ -137,6 +137,7 @@ class Priced:
     clock: Budget
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
+    core_later: tuple[int, ...] = ()  # the core a budget of CORE_BUDGET_S would name, where this one is shorter
 
 
 @dataclass(frozen=True)
@@ -262,18 +263,22 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     each cache offered the load factors the LP over every load factor chose too (`guided`); with `lp` (some
     member bounds its plan by it), the LP over those options as well where it takes at most LP_SHARE of
     the budget, which each such member would otherwise solve again in its own process (3.4 s at 800 × 128 with
-    memory tiers) while every member waits for it here. The budget's clock starts now (building the oracle,
-    which may load a library, is start-up, not planning)."""
+    memory tiers) while every member waits for it here. Where a few tables do most of the work (`core_found`),
+    they are the problem's core on budgets of at least CORE_BUDGET_S, and on shorter ones what the report
+    names as a longer budget's. The budget's clock starts now (building the oracle, which may load a library,
+    is start-up, not planning)."""
     clock = budget.begun()
     base, found = guided(instance, oracle, clock) if guide and previous is None else (None, NO_GUIDE)
-    factors, core = offered(base, found, clock)
+    found_core = core_found(base, found)
+    core, later = (found_core, ()) if clock.time_limit >= CORE_BUDGET_S else ((), found_core)
+    factors = offered(found, core)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
                              candidates=None if factors else base, core=core)
     if base is not None and factors:
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())))
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())), later)
 
 
 def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, Guide]:
@@ -296,18 +301,22 @@ def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidate
         return base, NO_GUIDE
 
 
-def offered(base: Candidates | None, guide: Guide, clock: Budget) -> tuple[dict, tuple[int, ...]]:
-    """The load factors offered beside the grid's: the guide's and, on budgets of at least CORE_BUDGET_S where a
-    few tables do most of the LP's work (`core_of`) and a model cut down to them settles (`cut_down_settles`),
-    CORE_LOAD_FACTORS for each of those tables, which are named as the core (else none)."""
-    factors = dict(guide.load_factors)
-    if base is None or guide.work is None or clock.time_limit < CORE_BUDGET_S or not cut_down_settles(base):
-        return factors, ()
+def core_found(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
+    """The tables that do most of the LP's work (`core_of`), where a model cut down to them settles
+    (`cut_down_settles`); none without the guide's LP."""
+    if base is None or guide.work is None or not cut_down_settles(base):
+        return ()
     found = core_of(guide.work, base.num_devices)
-    core = () if found is None else tuple(map(int, found))
+    return () if found is None else tuple(map(int, found))
+
+
+def offered(guide: Guide, core: tuple[int, ...]) -> dict:
+    """The load factors offered beside the grid's: the guide's and, for each table of the `core` (named on
+    budgets of at least CORE_BUDGET_S), CORE_LOAD_FACTORS."""
+    factors = dict(guide.load_factors)
     for table in core:
         factors[table] = tuple(sorted({*factors.get(table, ()), *CORE_LOAD_FACTORS}))
-    return factors, core
+    return factors
 
 
 # ------------------------------------------------------------------ race and certify
@@ -338,7 +347,8 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
-    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.problem.core))
+    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.problem.core,
+                                             core_later=priced.core_later))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -389,6 +399,18 @@ def _load_factors(result: PortfolioResult) -> str:
     return f" (cache load factors {', '.join(f'{f:g}' for f in factors)})" if factors else ""
 
 
+def _names(instance: Instance, tables: tuple[int, ...]) -> str:
+    return ", ".join(instance.tables[t].name for t in tables)
+
+
+def longer_budget_note(instance: Instance, core_later: tuple[int, ...]) -> str:
+    """What a budget of CORE_BUDGET_S would do with the tables that do most of the work."""
+    return (f"{len(core_later)} tables do most of the work ({_names(instance, core_later)}); on a budget of at "
+            f"least {CORE_BUDGET_S:g} s they are offered {len(CORE_LOAD_FACTORS)} more cache load factors each and "
+            "planned alone first, which took the MLPerf Criteo-1TB tables with HBM short from 33.0-33.4 ms at 10 s "
+            "to 29.9-30.0 ms (docs/memory-tiers.md)")
+
+
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
     """What `plan` prints once the race is over: each member's verdict (the kept one first), what was
     skipped or stopped, and — with a plan — its cost, types, kernels, certificate and, in a replan, the
@@ -397,8 +419,10 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")
         + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
            "caches tables" if result.guided else "")
-        + (f"; the {len(result.core)} tables that do most of its work ({', '.join(map(str, result.core))}) offered "
+        + (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) offered "
            f"up to {len(CORE_LOAD_FACTORS)} more each and planned alone first" if result.core else "")]
+    if result.core_later:
+        lines.append(f"  note: {longer_budget_note(instance, result.core_later)}")
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -450,6 +474,8 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
         "guided_load_factors": result.guided, "core_tables": list(result.core),
+        "core_tables_from_budget": ({"tables": list(result.core_later), "budget": CORE_BUDGET_S}
+                                    if result.core_later else None),
         "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,

@@ -27,7 +27,7 @@ from interop.export import to_torchrec_model
 from interop.common import STORAGE_RESERVE
 from interop.importer import assumes_default_ddr, cache_load_factor, from_torchrec, host_memory_bytes
 
-from .pipeline import DEFAULT_ORACLE, plan_request, run
+from .pipeline import DEFAULT_ORACLE, longer_budget_note, plan_request, run
 from .portfolio import PortfolioResult
 
 MODELLED = (EmbeddingBagCollection, EmbeddingCollection, FeatureProcessedEmbeddingBagCollection)
@@ -154,6 +154,8 @@ class ShardbenchPlanner(ShardingPlanner):
                                        resize_caches=self._resize_caches)).result
         if self.result.plan is None:
             raise PlannerError(f"shardbench found no plan within {self._budget} s: {self.result.no_plan_reason}")
+        if self.result.core_later:
+            logging.getLogger("shardbench").warning("shardbench: %s", longer_budget_note(instance, self.result.core_later))
         modules = [ShardableModule(f.path, f.module, f.sharder,
                                    tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
         return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)

@@ -106,6 +106,8 @@ class PortfolioResult:
     every_lf_bound: float | None = None
     guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
     core: tuple[int, ...] = ()  # tables offered fine load factors and planned alone first (shardbench.pipeline.offered)
+    # The core a budget of shardbench.pipeline.CORE_BUDGET_S would have named, where this one was shorter.
+    core_later: tuple[int, ...] = ()
     every_lf_seconds: float = 0.0
     every_lf_why: str | None = None
 

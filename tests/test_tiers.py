@@ -667,12 +667,20 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     import shardbench.pipeline as pipeline
 
     instance = _core_cached()
-    short = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
-    assert short.core == ()  # below CORE_BUDGET_S
-    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
+    path, out = tmp_path / "core.json", tmp_path / "plan.json"
+    save_instance(instance, path)
     monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)  # the LP's time, so that a slow machine finds the core too
+    short = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
+    # Below CORE_BUDGET_S no core, and the report names the tables a longer budget would plan alone first.
+    assert short.core == () and short.core_later == (0, 1)
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "2", "--solvers", "cpsat", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "note: 2 tables do most of the work (t0, t1); on a budget of at least 30 s" in said
+    assert "planned alone first" in said and "offered up to" not in said
+    assert json.loads(out.read_text())["report"]["core_tables_from_budget"] == {"tables": [0, 1], "budget": 30.0}
+    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
     result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
-    assert result.core == (0, 1)
+    assert result.core == (0, 1) and result.core_later == ()
     result.plan.validate(instance)
     cpsat = next(m.result for m in result.members if m.solver == "cpsat")
     assert cpsat.stats["core"]["tables"] == 2  # CP-SAT solved the named core first
@@ -683,8 +691,8 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     assert priced.problem.core == (0, 1)
     assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in (0, 1))
     assert core_tables(priced.problem, None).tolist() == [0, 1]
-    path, out = tmp_path / "core.json", tmp_path / "plan.json"
-    save_instance(instance, path)
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
-    assert "planned alone first" in capsys.readouterr().out
-    assert json.loads(out.read_text())["report"]["core_tables"] == [0, 1]
+    said = capsys.readouterr().out
+    assert "offered up to 40 more each and planned alone first" in said and "note:" not in said
+    report = json.loads(out.read_text())["report"]
+    assert report["core_tables"] == [0, 1] and report["core_tables_from_budget"] is None
