@@ -215,6 +215,13 @@ class Candidates:
         return np.array([keys.setdefault((o.table, o.sharding_type, o.parts), len(keys)) for o in self.options.options],
                         dtype=np.int64)
 
+    def leaner(self, option: int, among: np.ndarray | None = None) -> np.ndarray:
+        """The options of `among` (by default the table's live ones) cut as `option` is that need less HBM:
+        where it can shrink in place, on the same devices (a smaller cache, or host memory instead of HBM)."""
+        ids = self.by_table[self.options.options[option].table] if among is None else among
+        hbm = self.total_storage[:, HBM]
+        return ids[(self.layout[ids] == self.layout[option]) & (hbm[ids] < hbm[option])]
+
     @cached_property
     def search_options(self) -> list[np.ndarray]:
         """Per table, its live options on the lower convex hull of (HBM bytes, work) among those of the same

@@ -217,8 +217,7 @@ def _leaner(assembly: Assembly, tables: np.ndarray) -> bool:
     best = None
     for table in tables:
         option = int(assembly.chosen[table])
-        ids = candidates.by_table[table]
-        same = ids[(candidates.layout[ids] == candidates.layout[option]) & (hbm[ids] < hbm[option])]
+        same = candidates.leaner(option)
         if not same.size:
             continue
         leaner = int(same[np.argmax(hbm[same])])

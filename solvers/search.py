@@ -218,12 +218,11 @@ class _Search:
         tables, olds, news, devices = [], [], [], []
         for table in np.unique(c.options.pieces.table[a.on(device)]):
             old = int(a.chosen[table])
-            for new in self.siblings(old):
-                if self.hbm[new] < self.hbm[old]:
-                    tables.append(int(table))
-                    olds.append(old)
-                    news.append(int(new))
-                    devices.append(a.device[c.members(old)])
+            for new in c.leaner(old, self.siblings(old)):
+                tables.append(int(table))
+                olds.append(old)
+                news.append(int(new))
+                devices.append(a.device[c.members(old)])
         if not tables:
             return None
         return _Donors(np.array(tables), np.array(news), *self.switches(olds, news, devices))

@@ -641,6 +641,9 @@ def test_completing_a_core_plan_gives_up_its_caches_hbm_where_another_table_find
         option = int(step.chosen[table])
         same = [int(o) for o in candidates.by_table[table]
                 if candidates.layout[o] == candidates.layout[option] and hbm[o] < hbm[option]]
+        assert candidates.leaner(option).tolist() == same and same
+        among = candidates.by_table[table][::2]
+        assert candidates.leaner(option, among).tolist() == [o for o in same if o in among]
         _, devices = step.take(table)
         step.put(max(same, key=lambda o: hbm[o]), devices)
         peaks.append(step.objective())
