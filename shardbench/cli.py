@@ -213,7 +213,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels", "solvers": "--solvers"}
+CLI_NAMES = {"sharding_types": "--sharding-types", "compute_kernels": "--compute-kernels", "solvers": "--solvers",
+             "budget": "--budget"}
 
 
 def _request(args: argparse.Namespace) -> PlanRequest:

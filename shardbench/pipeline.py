@@ -77,7 +77,8 @@ NO_GUIDE = Guide({})  # where there is no LP over every load factor to suggest a
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
 # How the request's fields are named in messages: Python's keyword arguments unless an entry point (the
 # CLI) names them its own way.
-PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers"}
+PYTHON_NAMES = {"sharding_types": "sharding_types", "compute_kernels": "compute_kernels", "solvers": "solvers",
+                "budget": "budget"}
 
 
 def default_oracle() -> tuple[str, tuple[str, ...]]:
@@ -257,23 +258,25 @@ def runnable(admitted: Admitted, portfolio: tuple[str, ...], net: str = SAFETY_N
 
 
 def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool,
-          previous: Previous | None = None, lp: bool = False, guide: bool = False) -> Priced:
+          previous: Previous | None = None, lp: bool = False, guide: bool = False,
+          plans_core: bool = False) -> Priced:
     """The options priced once, here — and, for solvers of whole tables, the whole-table restriction's too;
     in a replan, what each piece moves from the previous plan — so that every member shares them; with `guide`,
     each cache offered the load factors the LP over every load factor chose too (`guided`); with `lp` (some
     member bounds its plan by it), the LP over those options as well where it takes at most LP_SHARE of
     the budget, which each such member would otherwise solve again in its own process (3.4 s at 800 × 128 with
     memory tiers) while every member waits for it here. Where a few tables do most of the work (`core_found`),
-    they are the problem's core on budgets of at least CORE_BUDGET_S, and on shorter ones what the report
-    names as a longer budget's. The budget's clock starts now (building the oracle, which may load a library,
-    is start-up, not planning)."""
+    they are the problem's core on budgets of at least CORE_BUDGET_S, and on shorter ones — where some member
+    `plans_core` — what the report names as a longer budget's. The budget's clock starts now (building the
+    oracle, which may load a library, is start-up, not planning)."""
     clock = budget.begun()
     base, found = guided(instance, oracle, clock) if guide and previous is None else (None, NO_GUIDE)
     found_core = core_found(base, found)
-    core, later = (found_core, ()) if clock.time_limit >= CORE_BUDGET_S else ((), found_core)
-    factors = offered(found, core)
+    named, later = ((found_core, ()) if clock.time_limit >= CORE_BUDGET_S else
+                    ((), found_core if plans_core else ()))
+    factors = offered(found, named)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
-                             candidates=None if factors else base, core=core)
+                             candidates=None if factors else base, core=named)
     if base is not None and factors:
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
@@ -347,8 +350,12 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     best bound any member proved for the problem as posed and the bound over every load factor
     (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
+    # Finer load factors are worth a longer budget only where the plan caches one of those tables (where HBM
+    # holds them, as for the Criteo-1TB tables on 80 GB, 30 s planned them within 0.1 % of 10 s).
+    cached = settled.plan is not None and any(settled.plan.tables[t].cache_load_factor is not None
+                                              for t in priced.core_later)
     return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.problem.core,
-                                             core_later=priced.core_later))
+                                             core_later=priced.core_later if cached else ()))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -399,16 +406,26 @@ def _load_factors(result: PortfolioResult) -> str:
     return f" (cache load factors {', '.join(f'{f:g}' for f in factors)})" if factors else ""
 
 
+def _core_planned(result: PortfolioResult) -> bool:
+    """Whether a member planned the core alone first (`cpsat`): the others only see its options."""
+    return any(get_solver(m.solver).plans_core for m in result.members)
+
+
 def _names(instance: Instance, tables: tuple[int, ...]) -> str:
     return ", ".join(instance.tables[t].name for t in tables)
 
 
-def longer_budget_note(instance: Instance, core_later: tuple[int, ...]) -> str:
-    """What a budget of CORE_BUDGET_S would do with the tables that do most of the work."""
-    return (f"{len(core_later)} tables do most of the work ({_names(instance, core_later)}); on a budget of at "
-            f"least {CORE_BUDGET_S:g} s they are offered {len(CORE_LOAD_FACTORS)} more cache load factors each and "
-            "planned alone first, which took the MLPerf Criteo-1TB tables with HBM short from 33.0-33.4 ms at 10 s "
-            "to 29.9-30.0 ms (docs/memory-tiers.md)")
+def longer_budget_note(instance: Instance, core_later: tuple[int, ...], budget_name: str = "budget") -> str:
+    """What a budget of CORE_BUDGET_S would do with the tables that do most of the work, and how to ask for it
+    (`budget_name`: the entry point's name for the budget, "--budget" or "budget")."""
+    ask = f"{budget_name} {CORE_BUDGET_S:g}" if budget_name.startswith("-") else f"{budget_name}={CORE_BUDGET_S:g}"
+    one = len(core_later) == 1
+    tables, cached, them = (("1 table does", "it", "it") if one else
+                            (f"{len(core_later)} tables do", "some of them", "them"))
+    return (f"{tables} most of the work ({_names(instance, core_later)}), and the plan caches {cached}; with a "
+            f"budget of at least {CORE_BUDGET_S:g} s ({ask}) CP-SAT plans {them} alone first over up to "
+            f"{len(CORE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
+            "that gave 29.9-30.0 ms against 33.0-33.4 at 10 s (docs/bounds.md, stop 59)")
 
 
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
@@ -420,9 +437,8 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
            "caches tables" if result.guided else "")
         + (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) offered "
-           f"up to {len(CORE_LOAD_FACTORS)} more each and planned alone first" if result.core else "")]
-    if result.core_later:
-        lines.append(f"  note: {longer_budget_note(instance, result.core_later)}")
+           f"up to {len(CORE_LOAD_FACTORS)} more each" + (" and planned alone first" if _core_planned(result) else "")
+           if result.core else "")]
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -453,6 +469,8 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
         lines.append(f"  {result.every_lf_line}")
     if request.previous is not None:
         lines.append("  " + moved_line(request.previous, result.moved_bytes))
+    if result.core_later:
+        lines.append(f"note: {longer_budget_note(instance, result.core_later, request.names.get('budget', 'budget'))}")
     return lines
 
 
@@ -522,7 +540,8 @@ def run(request: PlanRequest, echo: Callable[[str], None] | None = None) -> Plan
     load_backends(members)
     priced = price(instance, oracle, Budget(request.budget, gap=request.gap),
                    any(not get_solver(name).splits for name in members), request.previous,
-                   any(get_solver(name).lp_bounded for name in members), request.resize_caches)
+                   any(get_solver(name).lp_bounded for name in members), request.resize_caches,
+                   any(get_solver(name).plans_core for name in members))
     result = replace(certify(priced, race(priced, members, request.seed), admitted.skipped, request.resize_caches),
                      notes=request.notes)
     for line in report_lines(request, instance, result, oracle.unit):

@@ -155,7 +155,8 @@ class ShardbenchPlanner(ShardingPlanner):
         if self.result.plan is None:
             raise PlannerError(f"shardbench found no plan within {self._budget} s: {self.result.no_plan_reason}")
         if self.result.core_later:
-            logging.getLogger("shardbench").warning("shardbench: %s", longer_budget_note(instance, self.result.core_later))
+            logging.getLogger("shardbench").warning("shardbench: %s",
+                                                    longer_budget_note(instance, self.result.core_later))
         modules = [ShardableModule(f.path, f.module, f.sharder,
                                    tuple((c.name, names[f.path, c.name]) for c in f.configs)) for f in found]
         return to_torchrec_model(instance, self.result.plan, modules, device_type=self._topology.compute_device)

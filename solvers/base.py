@@ -183,6 +183,7 @@ planner that plans under its own cost and storage model; it may find no plan whe
     peer: bool = False
     replans: bool = False  # starts from a previous plan and keeps within a move budget (shardbench replan)
     lp_bounded: bool = False  # bounds its plan by the LP over options (solvers.bounds.lp_bound) where they are chosen
+    plans_core: bool = False  # plans the tables the price stage names as the core (Problem.core) alone first
     backends: tuple[str, ...] = ()  # modules it imports when it runs (`load_backends`)
 
 

@@ -69,7 +69,7 @@ class CpRun:
 @register("cpsat", "CP-SAT (ortools): option per table and devices together, on integer-scaled costs with memory, "
           "symmetry breaking and a complete hint; where a few tables do most of the work, first over them alone "
           "(a bound for all), and where tables trade HBM for cost, over a neighbourhood of the summed-memory "
-          "knapsack's options", exact=True, needs_additive=True, splits=True, lp_bounded=True,
+          "knapsack's options", exact=True, needs_additive=True, splits=True, lp_bounded=True, plans_core=True,
           replans=True, backends=("ortools.sat.python.cp_model",))
 def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = None) -> SolveResult:
     from ortools.sat.python import cp_model

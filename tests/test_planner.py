@@ -279,12 +279,12 @@ def test_a_short_budget_logs_which_tables_a_longer_one_would_plan_alone_first(mo
     monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)  # the LP's time, so that a slow machine finds the core too
     constraints = {f"t{i}": ParameterConstraints(pooling_factors=[p]) for i, p in enumerate([10, 1, 30, 2, 5, 1])}
     planner = shardbench.ShardbenchPlanner(_gpu_topology(hbm_cap=240 * 2**20, ddr_cap=4 * 2**30), batch_size=1024,
-                                           constraints=constraints, budget=2.0)
+                                           constraints=constraints, budget=2.0, solvers=["cpsat"])
     with caplog.at_level("WARNING", logger="shardbench"):
         planner.plan(_dlrm_six_tables(), _sharders())
     assert planner.result.core == () and planner.result.core_later == (2, 4)
-    assert any("2 tables do most of the work (t2, t4); on a budget of at least 30 s" in r.getMessage()
-               for r in caplog.records)
+    assert any("2 tables do most of the work (t2, t4), and the plan caches some of them; with a budget of at least "
+               "30 s (budget=30) CP-SAT plans them alone first" in r.getMessage() for r in caplog.records)
 
 
 def test_a_model_that_cannot_fit_raises_torchrecs_planner_error_with_the_reason():

@@ -673,15 +673,28 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     path, out = tmp_path / "core.json", tmp_path / "plan.json"
     save_instance(instance, path)
     monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)  # the LP's time, so that a slow machine finds the core too
+    # Below CORE_BUDGET_S no core and nothing more offered, and the report names the tables a longer budget
+    # would plan alone first, and how to ask for it.
+    short_priced = pipeline.price(instance, get_oracle("torchrec"), Budget(2.0), whole_tables=False, guide=True,
+                                  plans_core=True)
+    assert short_priced.problem.core == () and short_priced.core_later == (0, 1)
+    assert not any(set(pipeline.CORE_LOAD_FACTORS) & set(f) for f in short_priced.problem.load_factors.values())
     short = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
-    # Below CORE_BUDGET_S no core, and the report names the tables a longer budget would plan alone first.
     assert short.core == () and short.core_later == (0, 1)
+    assert any(short.plan.tables[t].cache_load_factor is not None for t in (0, 1))
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "2", "--solvers", "cpsat", "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "note: 2 tables do most of the work (t0, t1); on a budget of at least 30 s" in said
-    assert "planned alone first" in said and "offered up to" not in said
+    assert ("note: 2 tables do most of the work (t0, t1), and the plan caches some of them; with a budget of at "
+            "least 30 s (--budget 30) CP-SAT plans them alone first") in said and "offered up to" not in said
     assert json.loads(out.read_text())["report"]["core_tables_from_budget"] == {"tables": [0, 1], "budget": 30.0}
+    # No member that plans a core alone: nothing said of a longer budget, nor, where the core is offered its
+    # load factors, of planning it alone.
+    assert shardbench.plan(instance, "torchrec", budget=2.0, solvers=["pair-balance"]).core_later == ()
     monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
+                 "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "(t0, t1) offered up to 40 more each" in said and "alone" not in said and "note:" not in said
     result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
     assert result.core == (0, 1) and result.core_later == ()
     result.plan.validate(instance)
