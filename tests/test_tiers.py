@@ -687,6 +687,13 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     assert ("note: 2 tables do most of the work (t0, t1), and the plan caches some of them; with a budget of at "
             "least 30 s (--budget 30) CP-SAT plans them alone first") in said and "offered up to" not in said
     assert json.loads(out.read_text())["report"]["core_tables_from_budget"] == {"tables": [0, 1], "budget": 30.0}
+    # Where HBM holds those tables, finer caches would not matter: nothing said.
+    roomy = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, memory_bytes=8 * 2**20))
+    roomy = roomy.validate()
+    assert pipeline.price(roomy, get_oracle("torchrec"), Budget(2.0), whole_tables=False, guide=True,
+                          plans_core=True).core_later == (0, 1)  # the same tables do most of the work
+    fused = shardbench.plan(roomy, "torchrec", budget=2.0, solvers=["cpsat"])
+    assert all(fused.plan.tables[t].cache_load_factor is None for t in (0, 1)) and fused.core_later == ()
     # No member that plans a core alone: nothing said of a longer budget, nor, where the core is offered its
     # load factors, of planning it alone.
     assert shardbench.plan(instance, "torchrec", budget=2.0, solvers=["pair-balance"]).core_later == ()
