@@ -425,7 +425,7 @@ def longer_budget_note(instance: Instance, core_later: tuple[int, ...], budget_n
     return (f"{tables} most of the work ({_names(instance, core_later)}), and the plan caches {cached}; with a "
             f"budget of at least {CORE_BUDGET_S:g} s ({ask}) CP-SAT plans {them} alone first over up to "
             f"{len(CORE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
-            "that gave 29.9-30.0 ms against 33.0-33.4 at 10 s (docs/bounds.md, stop 59)")
+            "that gave 29.9-30.0 ms against a median 32.9 at 10 s (docs/bounds.md, stops 59-60)")
 
 
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:

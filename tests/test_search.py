@@ -7,6 +7,7 @@ import itertools
 import time
 
 import numpy as np
+import pytest
 from conftest import examples, make_table
 from hypothesis import given
 from hypothesis import strategies as st
@@ -120,6 +121,29 @@ def test_the_search_on_a_tiered_task_is_a_function_of_its_seed():
 
     first, again = searched(3), searched(3)
     assert np.array_equal(first[0], again[0]) and np.array_equal(first[1], again[1])
+
+
+@examples(4)
+@given(st.integers(0, 2**16))
+def test_an_option_change_screened_by_its_floor_is_the_best_change_fitting_every_option_finds(seed):
+    search = _Search(split_greedy(_tiered_candidates()), changes=True)
+    search.kick(np.random.default_rng(seed), 12)
+    a = search.a
+    for table in range(a.chosen.size):
+        value, trial = search.best_option_change(table)
+        old, devices = a.take(table)
+        found = []  # brute force: every other option fitted, in order
+        for option in search.options[table]:
+            fitted = a.fit(int(option)) if option != old else None
+            if isinstance(fitted, Trial):
+                found.append((float(fitted.costs[np.union1d(devices, fitted.devices)].max()), int(option)))
+        a.put(old, devices)
+        if not found:
+            assert trial is None
+            continue
+        least = min(v for v, _ in found)
+        assert value == pytest.approx(least, rel=1e-9)
+        assert trial.option == next(o for v, o in found if v <= least * (1 + 1e-9))
 
 
 def _one_device(rows: list[int], poolings: list[float]) -> Assembly:
