@@ -37,7 +37,7 @@ RANDOM_SEARCH_SAMPLES = 1000  # the most AutoShard's random search drew
 OPTION_CHANGES = 8            # per step, the tables with the costliest pieces on the busiest device that may change option
 OPTION_KICK_SHARE = 0.25      # of a kick's changes, the share that switch a table's option (when splitting)
 RETIER_SHARE = 0.25           # of local search's time, the last share that descends with re-tiering steps too
-FLOOR_SLACK = 1e-9            # relative: float noise between an option change's floor and the cost it bounds
+COST_NOISE = 1e-9             # relative: costs this close are equal (float noise of the device state's sums)
 TRADE_DONORS = 3              # per trade, the donors (best first by the vectorised screen) checked on the device state
 
 
@@ -166,11 +166,10 @@ class _Search:
         return [int(t) for t in present[np.argsort(-cost[present], kind="stable")][:OPTION_CHANGES]]
 
     def best_option_change(self, table: int):
-        """The table's other option whose fitting leaves the devices it touches lowest (the first such).
-        Under an additive oracle an option can leave them no lower than its largest piece on the least loaded
-        device: options are fitted in the order of that floor, until it passes the best found — the same
-        choice with a fraction of the fits (on the Criteo-1TB tables with their core offered 40 load
-        factors, fitting was 5 of 8 s of `pair-balance`)."""
+        """The table's other option whose fitting leaves the devices it touches lowest; of those within
+        COST_NOISE of the lowest, the first. Under an additive oracle (piece costs ≥ 0) an option leaves them no
+        lower than its largest piece on the least loaded device, so options are fitted in the order of that
+        floor until it passes the lowest found: the same choice as fitting every option, with fewer fits."""
         a = self.a
         old, devices = a.take(table)
         options = self.options[table]
@@ -178,9 +177,10 @@ class _Search:
         if self.c.priced.additive:
             floor = float(a.costs().min()) + self.c.biggest[options]
             order = np.argsort(floor, kind="stable")
-        best_value, best, first = np.inf, None, len(options)
+        found, least = [], np.inf
         for i in order:
-            if floor is not None and floor[i] * (1 - FLOOR_SLACK) > best_value * (1 + FLOOR_SLACK):
+            # Every option from here on leaves the devices above the lowest found, beyond noise either side.
+            if floor is not None and floor[i] * (1 - COST_NOISE) > least * (1 + COST_NOISE):
                 break
             option = int(options[i])
             if option == old:
@@ -188,15 +188,17 @@ class _Search:
             trial = a.fit(option)
             if not isinstance(trial, Trial):
                 continue
-            touched = np.union1d(devices, trial.devices)
-            value = float(trial.costs[touched].max())
-            # Within float noise (the state's running sums after a fit's add and undo) a value ties, and the
-            # first option wins, whichever order they were fitted in.
-            tie = best is not None and abs(value - best_value) <= FLOOR_SLACK * abs(best_value)
-            if (value < best_value and not tie) or (tie and i < first):
-                best_value, best, first = value, trial, i
+            value = float(trial.costs[np.union1d(devices, trial.devices)].max())
+            least = min(least, value)
+            found.append((int(i), value, trial))
         a.put(old, devices)
-        return best_value, best
+        # The state's running sums carry float noise from each fit's add and undo: values within COST_NOISE of
+        # the lowest tie, and the first option wins, whatever the order they were fitted in.
+        near = [entry for entry in found if entry[1] <= least * (1 + COST_NOISE)]
+        if not near:
+            return np.inf, None
+        _, value, trial = min(near, key=lambda entry: entry[0])
+        return value, trial
 
     # ------------------------------------------------------------ trading HBM between two tables
 

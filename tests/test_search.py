@@ -20,7 +20,7 @@ from solvers.assembly import Assembly, Stuck, Trial
 from solvers.candidates import Candidates
 from solvers.choice import on_lower_hull, option_weight
 from solvers.retier import Retier
-from solvers.search import _at_share, _choices, _Search, improve, split_greedy
+from solvers.search import COST_NOISE, _at_share, _choices, _Search, improve, split_greedy
 
 
 def _beaten(points: list[tuple[int, int]], m: int, c: int) -> bool:
@@ -129,21 +129,31 @@ def test_an_option_change_screened_by_its_floor_is_the_best_change_fitting_every
     search = _Search(split_greedy(_tiered_candidates()), changes=True)
     search.kick(np.random.default_rng(seed), 12)
     a = search.a
+    fits, fitted = a.fit, [0, 0]  # fits by the screened change, and by brute force
+
+    def counted(option):
+        fitted[0] += 1
+        return fits(option)
+
     for table in range(a.chosen.size):
+        a.fit = counted
         value, trial = search.best_option_change(table)
+        a.fit = fits
         old, devices = a.take(table)
         found = []  # brute force: every other option fitted, in order
         for option in search.options[table]:
-            fitted = a.fit(int(option)) if option != old else None
-            if isinstance(fitted, Trial):
-                found.append((float(fitted.costs[np.union1d(devices, fitted.devices)].max()), int(option)))
+            each = a.fit(int(option)) if option != old else None
+            fitted[1] += option != old
+            if isinstance(each, Trial):
+                found.append((float(each.costs[np.union1d(devices, each.devices)].max()), int(option)))
         a.put(old, devices)
         if not found:
             assert trial is None
             continue
         least = min(v for v, _ in found)
-        assert value == pytest.approx(least, rel=1e-9)
-        assert trial.option == next(o for v, o in found if v <= least * (1 + 1e-9))
+        assert value == pytest.approx(least, rel=COST_NOISE)
+        assert trial.option == next(o for v, o in found if v <= least * (1 + COST_NOISE))
+    assert fitted[0] < fitted[1]  # the floor spared fits
 
 
 def _one_device(rows: list[int], poolings: list[float]) -> Assembly:
