@@ -470,7 +470,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
     if request.previous is not None:
         lines.append("  " + moved_line(request.previous, result.moved_bytes))
     if result.core_later:
-        lines.append(f"note: {longer_budget_note(instance, result.core_later, request.names.get('budget', 'budget'))}")
+        lines.append(f"note: {longer_budget_note(instance, result.core_later, request.names['budget'])}")
     return lines
 
 

@@ -105,7 +105,8 @@ class PortfolioResult:
     # whether or not its caches were re-sized; None with the reason where there is none.
     every_lf_bound: float | None = None
     guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
-    core: tuple[int, ...] = ()  # tables offered fine load factors and planned alone first (shardbench.pipeline.offered)
+    # Tables offered fine load factors (shardbench.pipeline.price), which CP-SAT, where it runs, plans alone first.
+    core: tuple[int, ...] = ()
     # The core a budget of shardbench.pipeline.CORE_BUDGET_S would have named, where this one was shorter.
     core_later: tuple[int, ...] = ()
     every_lf_seconds: float = 0.0
