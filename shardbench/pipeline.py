@@ -458,8 +458,9 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               "  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()),
               "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
               + _load_factors(result)]
-    if result.resized_line is not None:
-        lines.append(f"  {result.resized_line}")
+    for line in (result.tidied_line(instance), result.resized_line):
+        if line is not None:
+            lines.append(f"  {line}")
     gap = result.gap
     over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided or result.core else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
@@ -496,6 +497,9 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
                                     if result.core_later else None),
         "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
+        "tidied": ({"tables": [instance.tables[t].name for t in result.tidied.tables],
+                    "work": list(result.tidied.work), "shards": list(result.tidied.shards)}
+                   if result.tidied is not None else None),
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,
         "pricing_seconds": result.pricing_s, "sharding_types": list(instance.sharding_types),

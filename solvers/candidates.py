@@ -248,6 +248,11 @@ class Candidates:
     def members(self, o: int) -> np.ndarray:
         return self.options.members(o)
 
+    @cached_property
+    def parts(self) -> np.ndarray:
+        """Per option, its piece count."""
+        return np.array([o.parts for o in self.options.options], dtype=np.int64)
+
     def placement(self, o: int) -> str:
         return self.options.options[o].placement
 
