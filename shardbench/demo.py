@@ -166,8 +166,9 @@ def run_demo(args: argparse.Namespace) -> int:
           f"  (best: {ours.solver})")
     if theirs is not None:
         print(f"  {comparison(theirs, ours.objective)}")
-    if ours.resized_line is not None:
-        print(f"  {ours.resized_line}")
+    for line in (ours.tidied_line(instance), ours.resized_line):
+        if line is not None:
+            print(f"  {line}")
     if ours.bound is not None:
         print(f"certificate: over the enumerated options no plan costs less than {ours.bound:.6g} {oracle.unit}; "
               f"ours {'before its caches were re-sized ' if ours.grid_objective is not None else ''}"

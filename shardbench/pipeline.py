@@ -346,9 +346,9 @@ def race(priced: Priced, members: tuple[str, ...], seed: int) -> Race:
 
 def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = True) -> PortfolioResult:
     """The best member's plan validated against the instance and priced again (the plan handed over is the
-    plan rated), or where `resize`, the lowest of the members' plans with their caches re-sized off the grid, with the
-    best bound any member proved for the problem as posed and the bound over every load factor
-    (`every_load_factor`)."""
+    plan rated) and tidied within its makespan, or where `resize`, the lowest of the members' plans, as they
+    came and tidied, with their caches re-sized off the grid (shardbench.portfolio.settle), with the best bound
+    any member proved for the problem as posed and the bound over every load factor (`every_load_factor`)."""
     settled = settle(priced.problem, run, skipped, priced.seconds, priced.clock if resize else None)
     # Finer load factors are worth a longer budget only where the plan caches one of those tables (where HBM
     # holds them, as for the Criteo-1TB tables on 80 GB, 30 s planned them within 0.1 % of 10 s).
@@ -498,7 +498,8 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,
         "every_load_factor_seconds": result.every_lf_seconds, "every_load_factor_why": result.every_lf_why,
         "tidied": ({"tables": [instance.tables[t].name for t in result.tidied.tables],
-                    "work": list(result.tidied.work), "shards": list(result.tidied.shards)}
+                    "objective": list(result.tidied.peak), "work": list(result.tidied.work),
+                    "shards": list(result.tidied.shards)}
                    if result.tidied is not None else None),
         "sharding_type_counts": result.plan.sharding_types() if result.plan is not None else None,
         "kernel_counts": result.plan.kernels() if result.plan is not None else None, "wall_seconds": result.wall_s,

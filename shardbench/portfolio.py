@@ -1,14 +1,14 @@
 """The portfolio behind `plan` (the race and certify stages of shardbench.pipeline): the members run side
 by side, each in its own process within the budget; the best validated plan is kept with the best bound any
-of them proved for the problem as posed; the members' plans' caches are then re-sized off the grid of load
-factors and the lowest handed over.
+of them proved for the problem as posed; the members' plans are then tidied within their makespan and their
+caches re-sized off the grid of load factors, and the lowest handed over.
 A proven optimum of that problem stops the rest at once."""
 from __future__ import annotations
 
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from instances import Instance
 from instances.memory import format_bytes
@@ -16,7 +16,7 @@ from instances.moves import Previous, check_replan
 from instances import PlanError
 from instances.sharding import Plan
 from solvers import Budget, SolveResult, Status, get_solver, run_solver
-from solvers.base import fits_every_tier, wall_limit
+from solvers.base import fits_every_tier, past, wall_limit
 from solvers.bounds import gap_to_bound
 from solvers.cache_sizes import resize_caches
 from solvers.candidates import Problem
@@ -112,7 +112,8 @@ class PortfolioResult:
     core_later: tuple[int, ...] = ()
     every_lf_seconds: float = 0.0
     every_lf_why: str | None = None
-    # The kept member's plan on the grid tidied (solvers.tidy) before any re-sizing, where that was kept.
+    # The kept member's plan on the grid tidied (solvers.tidy), before its caches were re-sized, where the plan
+    # handed over is that one.
     tidied: Tidied | None = None
 
     @property
@@ -161,12 +162,13 @@ class PortfolioResult:
         """What tidying the plan did, for people (None where it was not tidied)."""
         if self.tidied is None:
             return None
-        (before, after), (shards, now) = self.tidied.work, self.tidied.shards
-        count = len(self.tidied.tables)
-        return (f"tidied at the same max device cost: {count} table{'s' if count != 1 else ''} "
-                f"({', '.join(instance.tables[t].name for t in self.tidied.tables[:6])}"
-                f"{', …' if count > 6 else ''}) in options of less work or fewer shards; work summed over devices "
-                f"{before:.6g} -> {after:.6g} ({after / before - 1:+.1%}), shards {shards} -> {now}")
+        (peak, low), (before, after), (shards, now) = self.tidied.peak, self.tidied.work, self.tidied.shards
+        count, names = len(self.tidied.tables), [instance.tables[t].name for t in self.tidied.tables]
+        change = f" ({after / before - 1:+.1%})" if before > 0 else ""
+        lower = f"max device cost {peak:.6g} -> {low:.6g}, " if low < peak else ""
+        return (f"tidied within the max device cost: {count} table{'s' if count != 1 else ''} "
+                f"({', '.join(names[:6])}{', …' if count > 6 else ''}) in options of less work or fewer shards; "
+                f"{lower}work summed over devices {before:.6g} -> {after:.6g}{change}, shards {shards} -> {now}")
 
     @property
     def resized_line(self) -> str | None:
@@ -240,10 +242,12 @@ def race_members(problem: Problem, clock: Budget, pricing: float, names: tuple[s
 def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: float,
            resize: Budget | None = None) -> PortfolioResult:
     """The best member's plan, validated and priced again here (the plan handed over is the plan rated), with
-    the best bound any member proved for the problem as posed (never above the plan on the grid); given the
-    race's clock (`resize`), the lowest plan once the members' caches are re-sized off the grid of load
-    factors (`resized_caches`, the best on the grid first, within what the clock leaves), where that is lower,
-    and the wall time taken to the end of that."""
+    the best bound any member proved for the problem as posed (never above a plan on the grid); given the
+    race's clock (`resize`), the lowest plan once the members' plans are re-sized off the grid of load
+    factors (`resized_caches`, the best on the grid first, within what the clock leaves), each as it came and
+    then tidied (`tidied_plan`, while the clock leaves time; kept where it costs no more), and the wall time
+    taken to the end of that. Without the clock, the best plan tidied where time is left."""
+    started = time.monotonic()
     instance, members = problem.instance, race.members
     # Every member's option bound is over the posed problem's options (run_solver computes it there).
     bounds = [b for m in members if m.result is not None
@@ -253,6 +257,7 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     with_plan = [m for m in members if m.result is not None and m.result.plan is not None]
     if not with_plan:
         return PortfolioResult(None, None, None, bound, race.wall_s, members, race.stopped, skipped, pricing)
+
     def on_grid(member: Member) -> tuple[Plan, float]:
         plan = member.result.plan.validate(instance)
         return plan, problem.oracle.plan_cost(instance, plan)
@@ -262,44 +267,47 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     first = on_grid(best)
     plan, objective = first
     moved = check_replan(instance, problem.previous, plan) if problem.previous is not None else None
-    bound = min(bound, objective) if bound is not None else None
+    lowest_grid, grid_objective, kept = objective, None, None
     until = max(resize.deadline() if resize is not None else 0.0, time.monotonic() + RESIZE_FLOOR_S)
-    tidied = tidied_plan(problem, *first, until)
-    if tidied is not None:
-        plan, objective = tidied[0].plan, tidied[1]
-    kept = tidied[0] if tidied is not None else None
-    grid_objective = None
-    if resize is not None:
-        tried: list[Plan] = []
-        # Every member's plan re-sized, best on the grid first (the others while the clock leaves time): one a
-        # little dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's
-        # 34.52 on the grid to 32.17, CP-SAT's 33.53 to 33.12). Each tidied, then as it came, which may re-size
-        # lower (the same tables: 33.63 tidied against 33.54 as it came, and 32.17 against 32.99); a tie goes
-        # to the tidied. In a replan caches keep their size.
-        for member in ranked if problem.previous is None else ranked[:1]:
-            if tried and time.monotonic() >= until:
-                break
-            if member.result.plan in tried:
-                continue
-            tried.append(member.result.plan)
-            came = first if member is ranked[0] else on_grid(member)
-            tidy = tidied if member is ranked[0] else tidied_plan(problem, *came, until)
-            variants = ([(tidy[0].plan, tidy[1], tidy[0])] if tidy is not None else []) + [(*came, None)]
-            for grid_plan, grid_cost, tidying in variants:
-                lower = resized_caches(problem, grid_plan, grid_cost, until)
-                if lower is not None and lower[1] < objective * (1 - RESIZE_GAIN):
-                    (plan, objective), grid_objective, best, kept = lower, grid_cost, member, tidying
-    wall = resize.elapsed() if resize is not None else race.wall_s
-    return PortfolioResult(plan, best.solver, objective, bound, wall, members, race.stopped, skipped, pricing,
-                           moved_bytes=moved, grid_objective=grid_objective, tidied=kept)
+    # Every member's plan re-sized, best on the grid first (the others while the clock leaves time): one a little
+    # dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's 34.52 on the grid
+    # to 32.17, CP-SAT's 33.53 to 33.12). Each as it came, then tidied, which may re-size lower or higher (the same
+    # tables: 32.17 tidied against 32.99 as it came, and 33.63 against 33.54); a tie goes to the tidied. Tidying
+    # comes second: where the clock is short it is what goes without. In a replan caches keep their size, and
+    # without the clock only the best plan is tidied.
+    tried: list[Plan] = []
+    for member in ranked if resize is not None and problem.previous is None else ranked[:1]:
+        if tried and time.monotonic() >= until:
+            break
+        if member.result.plan in tried:
+            continue
+        tried.append(member.result.plan)
+        came = first if member is ranked[0] else on_grid(member)
+        lower = resized_caches(problem, *came, until) if resize is not None else None
+        if lower is not None and lower[1] < objective * (1 - RESIZE_GAIN):
+            (plan, objective), grid_objective, best, kept = lower, came[1], member, None
+        tidied = tidied_plan(problem, *came, until)
+        if tidied is None:
+            continue
+        lowest_grid = min(lowest_grid, tidied.peak[1])
+        after = resized_caches(problem, tidied.plan, tidied.peak[1], until) if resize is not None else None
+        final = after if after is not None else (tidied.plan, tidied.peak[1])
+        if final[1] <= objective:
+            plan, objective = final
+            grid_objective, best, kept = (tidied.peak[1] if after is not None else None), member, tidied
+    wall = resize.elapsed() if resize is not None else race.wall_s + time.monotonic() - started
+    return PortfolioResult(plan, best.solver, objective, min(bound, lowest_grid) if bound is not None else None,
+                           wall, members, race.stopped, skipped, pricing, moved_bytes=moved,
+                           grid_objective=grid_objective, tidied=kept)
 
 
-def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Tidied, float] | None:
-    """The plan tidied at its makespan (solvers.tidy), validated on every tier and priced, with its cost, where
-    that changes some table and costs no more; None elsewhere, under oracles that are not additive, and in a
-    replan (where a table changed would move bytes the move budget has to price). As `resized_caches`, a tidied
-    plan that fails validation is a defect: it is logged and the plan as it came handed over."""
-    if problem.previous is not None or not problem.oracle.additive:
+def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float) -> Tidied | None:
+    """The plan tidied within its makespan (solvers.tidy, by `deadline`), validated on every tier and priced
+    again (`Tidied.peak`), where that changes some table and costs no more than `objective`; None elsewhere,
+    under oracles that are not additive, past `deadline`, and in a replan (a table changed would move bytes
+    the move budget has to price). As `resized_caches`, a tidied plan that fails validation is a defect: it is
+    logged and the plan as it came handed over."""
+    if problem.previous is not None or not problem.oracle.additive or past(deadline):
         return None
     tidied = tidy_plan(problem.candidates, plan, deadline)
     if tidied is None:
@@ -310,7 +318,7 @@ def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float)
         logging.getLogger("shardbench").error("shardbench: plan not tidied, the tidied plan failed: %s", error)
         return None
     cost = problem.oracle.plan_cost(problem.instance, tidied.plan)
-    return (tidied, cost) if cost <= objective * (1 + RESIZE_GAIN) else None
+    return replace(tidied, peak=(tidied.peak[0], cost)) if cost <= objective else None
 
 
 def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Plan, float] | None:

@@ -167,7 +167,7 @@ def packing_bound(candidates: Candidates, low: float, mixes: tuple[float, ...] =
         return low
     table_of = np.array([candidates.options.options[o].table for o in live])
     table_starts = np.flatnonzero(np.r_[True, table_of[1:] != table_of[:-1]])
-    parts = np.array([candidates.options.options[o].parts for o in live])
+    parts = candidates.parts[live]
     few = parts <= MANY_PIECES
     few_pieces = np.concatenate([candidates.members(int(o)) for o in live[few]]) if few.any() else np.zeros(0, int)
     few_first = np.r_[0, np.cumsum(parts[few])[:-1]]

@@ -1,5 +1,6 @@
-"""A plan tidied at its makespan: each table in the option of least work (then fewest shards) that keeps every
-device within the plan's busiest, so that tables off the critical path are not left cut or cached for nothing."""
+"""A plan tidied within its makespan: each table in the option of least work in no more shards (or as much in
+fewer) that keeps every device within the plan's busiest, so that tables off the critical path are not left cut
+or cached for nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -19,11 +20,12 @@ SAME_WORK = 1e-9
 
 @dataclass(frozen=True)
 class Tidied:
-    """A tidied plan, the tables whose option changed, and the work summed over devices and the shards before
-    and after."""
+    """A tidied plan, the tables whose option changed, and before and after: its busiest device's cost, the
+    work summed over devices and the shards."""
 
     plan: Plan
     tables: tuple[int, ...]
+    peak: tuple[float, float]
     work: tuple[float, float]
     shards: tuple[int, int]
 
@@ -102,8 +104,9 @@ def tidy_plan(candidates: Candidates, plan: Plan, deadline: float) -> Tidied | N
     assembly = assembled(candidates, plan)
     if assembly is None:
         return None
-    work, shards = float(assembly.costs().sum()), int(assembly.placed().size)
+    peak, work, shards = assembly.objective(), float(assembly.costs().sum()), int(assembly.placed().size)
     tables = tidy(assembly, deadline)
     if not tables:
         return None
-    return Tidied(assembly.plan(), tables, (work, float(assembly.costs().sum())), (shards, int(assembly.placed().size)))
+    return Tidied(assembly.plan(), tables, (peak, assembly.objective()), (work, float(assembly.costs().sum())),
+                  (shards, int(assembly.placed().size)))
