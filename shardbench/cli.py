@@ -627,7 +627,8 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--grid-caches", action="store_true", help="keep every cache at a load factor "
                                   "of the options' grid (default: under TorchRec's estimator caches are also offered "
                                   "the load factors the LP over every load factor picks, and the kept plan's caches "
-                                  "are re-sized off the grid into the HBM left)")
+                                  "are re-sized off the grid into the HBM left; the best plan is tidied on the "
+                                  "grid either way)")
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
                             "old plan (TorchRec's reshard)",
