@@ -165,7 +165,7 @@ class PortfolioResult:
         (peak, low), (before, after), (shards, now) = self.tidied.peak, self.tidied.work, self.tidied.shards
         count, names = len(self.tidied.tables), [instance.tables[t].name for t in self.tidied.tables]
         change = f" ({after / before - 1:+.1%})" if before > 0 else ""
-        lower = f"max device cost {peak:.6g} -> {low:.6g}, " if low < peak else ""
+        lower = f"max device cost {peak:.6g} -> {low:.6g}, " if low < peak * (1 - RESIZE_GAIN) else ""
         return (f"tidied within the max device cost: {count} table{'s' if count != 1 else ''} "
                 f"({', '.join(names[:6])}{', …' if count > 6 else ''}) in options of less work or fewer shards; "
                 f"{lower}work summed over devices {before:.6g} -> {after:.6g}{change}, shards {shards} -> {now}")
@@ -303,7 +303,7 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
 
 def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float) -> Tidied | None:
     """The plan tidied within its makespan (solvers.tidy, by `deadline`), validated on every tier and priced
-    again (`Tidied.peak`), where that changes some table and costs no more than `objective`; None elsewhere,
+    again (`Tidied.peak`: `objective`, the plan's cost as it came, and the tidied plan's), where that changes some table and costs no more than `objective`; None elsewhere,
     under oracles that are not additive, past `deadline`, and in a replan (a table changed would move bytes
     the move budget has to price). As `resized_caches`, a tidied plan that fails validation is a defect: it is
     logged and the plan as it came handed over."""
@@ -318,7 +318,7 @@ def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float)
         logging.getLogger("shardbench").error("shardbench: plan not tidied, the tidied plan failed: %s", error)
         return None
     cost = problem.oracle.plan_cost(problem.instance, tidied.plan)
-    return replace(tidied, peak=(tidied.peak[0], cost)) if cost <= objective else None
+    return replace(tidied, peak=(objective, cost)) if cost <= objective else None
 
 
 def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Plan, float] | None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .candidates import Candidates
+from .quiet import c_stdout_silenced
 
 LP_PER_DEVICE_NONZEROS = 2_000_000  # above this the LP leaves out the per-device rows of pinned options
 PACKING_STEPS = 30                  # bisection steps of the packing bound (its precision: 2^-30 of its bracket)
@@ -395,9 +396,11 @@ def lp_over(candidates: Candidates, columns: LPColumns, time_limit: float | None
         return None if value is None else float(value * scale * (1 - 1e-7))
     if integral:
         options = {"mip_rel_gap": INTEGRAL_GAP} | ({} if time_limit is None else {"time_limit": max(time_limit, 1e-3)})
-        found = milp(objective, integrality=np.r_[np.ones(n), 0, 0], bounds=Bounds(0, np.r_[np.ones(n), np.inf, np.inf]),
-                     constraints=[LinearConstraint(a_ub, -np.inf, np.array(rhs)), LinearConstraint(a_eq, 1, 1)],
-                     options=options)
+        with c_stdout_silenced():  # scipy's HiGHS has highspy's stray print (solvers.quiet)
+            found = milp(objective, integrality=np.r_[np.ones(n), 0, 0],
+                         bounds=Bounds(0, np.r_[np.ones(n), np.inf, np.inf]),
+                         constraints=[LinearConstraint(a_ub, -np.inf, np.array(rhs)), LinearConstraint(a_eq, 1, 1)],
+                         options=options)
         if found.status not in (0, 1):  # neither solved nor stopped by its time: infeasible, or an error
             return None
         if solution is not None and found.x is not None:
