@@ -628,7 +628,7 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
                                   "of the options' grid (default: under TorchRec's estimator caches are also offered "
                                   "the load factors the LP over every load factor picks, and the kept plan's caches "
                                   "are re-sized off the grid into the HBM left; the best plan is tidied on the "
-                                  "grid either way)")
+                                  "grid either way, time allowing)")
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "
                             "old plan (TorchRec's reshard)",

@@ -28,7 +28,8 @@ from .isolation import Job, Outcome, run_isolated
 # validating the chosen plan, and re-sizing the plans' caches (solvers.cache_sizes prices at most 25,000
 # pieces a plan, about 0.25 s under TorchRec's estimator).
 PARENT_MARGIN_S = 0.5
-RESIZE_FLOOR_S = 0.25  # what re-sizing (every member's plan) may take past the promise where the members took it all
+RESIZE_FLOOR_S = 0.25  # what re-sizing and tidying the members' plans may take past the promise where the members
+# took it all
 RESIZE_GAIN = 1e-9     # the least relative saving a re-sized plan is handed over for (not float noise)
 
 
@@ -99,8 +100,8 @@ class PortfolioResult:
     refused: str | None = None  # the proof that no plan fits memory, when the pipeline therefore ran no member
     notes: tuple[str, ...] = ()  # what the request assumed on the user's behalf (e.g. TorchRec's default DDR)
     moved_bytes: int | None = None  # in a replan, the bytes the plan moves from the previous plan
-    # The kept member's plan's cost where its caches were then re-sized off the grid of load factors (None:
-    # they were not); the bound covers that grid only, so the certificate is that plan's.
+    # The kept member's plan's cost — tidied, where `tidied` says so — where its caches were then re-sized off the
+    # grid of load factors (None: they were not); the bound covers that grid only, so the certificate is that plan's.
     grid_objective: float | None = None
     # A bound over every cache load factor in (0, 1] (solvers.cache_bound), which holds for the plan handed over
     # whether or not its caches were re-sized; None with the reason where there is none.
@@ -164,7 +165,7 @@ class PortfolioResult:
             return None
         (peak, low), (before, after), (shards, now) = self.tidied.peak, self.tidied.work, self.tidied.shards
         count, names = len(self.tidied.tables), [instance.tables[t].name for t in self.tidied.tables]
-        change = f" ({after / before - 1:+.1%})" if before > 0 else ""
+        change = f" ({after / before - 1:+.2%})" if before > 0 else ""
         lower = f"max device cost {peak:.6g} -> {low:.6g}, " if low < peak * (1 - RESIZE_GAIN) else ""
         return (f"tidied within the max device cost: {count} table{'s' if count != 1 else ''} "
                 f"({', '.join(names[:6])}{', …' if count > 6 else ''}) in options of less work or fewer shards; "
@@ -271,22 +272,22 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
     until = max(resize.deadline() if resize is not None else 0.0, time.monotonic() + RESIZE_FLOOR_S)
     # Every member's plan re-sized, best on the grid first (the others while the clock leaves time): one a little
     # dearer on the grid may re-size lower (the zoo's dlrm-criteo with HBM short: pair-balance's 34.52 on the grid
-    # to 32.17, CP-SAT's 33.53 to 33.12). Each as it came, then tidied, which may re-size lower or higher (the same
-    # tables: 32.17 tidied against 32.99 as it came, and 33.63 against 33.54); a tie goes to the tidied. Tidying
-    # comes second: where the clock is short it is what goes without. In a replan caches keep their size, and
-    # without the clock only the best plan is tidied.
-    tried: list[Plan] = []
+    # to 32.17, CP-SAT's 33.53 to 33.12). In a replan caches keep their size.
+    came: list[tuple[Member, tuple[Plan, float]]] = []
     for member in ranked if resize is not None and problem.previous is None else ranked[:1]:
-        if tried and time.monotonic() >= until:
+        if came and time.monotonic() >= until:
             break
-        if member.result.plan in tried:
+        if any(member.result.plan == other.result.plan for other, _ in came):
             continue
-        tried.append(member.result.plan)
-        came = first if member is ranked[0] else on_grid(member)
-        lower = resized_caches(problem, *came, until) if resize is not None else None
+        came.append((member, first if member is ranked[0] else on_grid(member)))
+        lower = resized_caches(problem, *came[-1][1], until) if resize is not None else None
         if lower is not None and lower[1] < objective * (1 - RESIZE_GAIN):
-            (plan, objective), grid_objective, best, kept = lower, came[1], member, None
-        tidied = tidied_plan(problem, *came, until)
+            (plan, objective), grid_objective, best = lower, came[-1][1][1], member
+    # Then each of them tidied and re-sized again, in the same order, with what the clock leaves: tidied, a plan
+    # may re-size lower or higher than as it came (the same tables: 32.17 against 32.99, and 33.63 against 33.54);
+    # a tie goes to the tidied. Without the clock only the best plan is tidied.
+    for member, (grid_plan, grid_cost) in came:
+        tidied = tidied_plan(problem, grid_plan, grid_cost, until)
         if tidied is None:
             continue
         lowest_grid = min(lowest_grid, tidied.peak[1])
@@ -303,8 +304,9 @@ def settle(problem: Problem, race: Race, skipped: tuple[str, ...], pricing: floa
 
 def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float) -> Tidied | None:
     """The plan tidied within its makespan (solvers.tidy, by `deadline`), validated on every tier and priced
-    again (`Tidied.peak`: `objective`, the plan's cost as it came, and the tidied plan's), where that changes some table and costs no more than `objective`; None elsewhere,
-    under oracles that are not additive, past `deadline`, and in a replan (a table changed would move bytes
+    again (`Tidied.peak`: `objective`, the plan's cost as it came, and the tidied plan's), where that changes
+    some table and costs no more than `objective`; None elsewhere, under oracles that are not additive, where
+    `deadline` passes before the plan's options are found, and in a replan (a table changed would move bytes
     the move budget has to price). As `resized_caches`, a tidied plan that fails validation is a defect: it is
     logged and the plan as it came handed over."""
     if problem.previous is not None or not problem.oracle.additive or past(deadline):

@@ -30,12 +30,15 @@ class Tidied:
     shards: tuple[int, int]
 
 
-def assembled(candidates: Candidates, plan: Plan) -> Assembly | None:
+def assembled(candidates: Candidates, plan: Plan, deadline: float = np.inf) -> Assembly | None:
     """The plan as an assembly of the candidates' live options (each table's sharding type, shard count,
-    kernel, cache load factor and shards matched to an option's pieces), or None where a table matches none."""
+    kernel, cache load factor and shards matched to an option's pieces), or None where a table matches none
+    or `deadline` passes first."""
     options, pieces = candidates.options.options, candidates.options.pieces
     assembly = Assembly(candidates)
     for t, sharding in enumerate(plan.tables):
+        if past(deadline):
+            return None
         shape = (sharding.sharding_type, len(sharding.shards), sharding.compute_kernel, sharding.cache_load_factor)
         rectangles = [(*s.rows, *s.cols) for s in sharding.shards]
         for o in candidates.by_table[t]:
@@ -64,12 +67,13 @@ def tidier(candidates: Candidates, options: np.ndarray, than: int) -> np.ndarray
 
 def tidy(assembly: Assembly, deadline: float) -> tuple[int, ...]:
     """Each table in turn (most shards first, then most work) takes the first of its tidier options (`tidier`,
-    least work first) that fits with no device above the busiest before
-    (`Assembly.fit` places it where it costs least), in rounds until a round changes nothing or `deadline`
-    passes. The searches judge a plan by its busiest device alone and leave the others as they found them:
-    on the MLPerf Criteo-1TB tables with HBM short, `pair-balance` served a 36-row table column-wise in two
-    cached pieces at 18.6 ms of work where whole in HBM it does 0.31. Additive oracles (an option's work is
-    its pieces' sum). The tables changed."""
+    least work first) that fits with no device above the busiest before (`Assembly.fit` places it where it costs
+    least), in rounds until a round changes nothing or `deadline` passes. A device an option leaves alone does
+    not count: the running sums' adds and takes may have left it a float's noise above the busiest before. The
+    searches judge a plan by its busiest device alone and leave the others as they found them: on the MLPerf
+    Criteo-1TB tables with HBM short, `pair-balance` served a 36-row table column-wise in two cached pieces at
+    18.6 ms of work where whole in HBM it does 0.31. Additive oracles (an option's work is its pieces' sum).
+    The tables changed."""
     c = assembly.c
     ceiling = assembly.objective()
     now = assembly.chosen
@@ -85,9 +89,10 @@ def tidy(assembly: Assembly, deadline: float) -> tuple[int, ...]:
             if not better.size:
                 continue
             option, devices = assembly.take(t)
+            allowed = np.maximum(assembly.costs(), ceiling)
             for o in better[np.lexsort((better, c.parts[better], c.work[better]))].tolist():
                 trial = assembly.fit(o)
-                if isinstance(trial, Trial) and trial.peak <= ceiling:
+                if isinstance(trial, Trial) and (trial.costs <= allowed).all():
                     assembly.put(o, trial.devices)
                     changed.add(t)
                     moved = True
@@ -100,8 +105,8 @@ def tidy(assembly: Assembly, deadline: float) -> tuple[int, ...]:
 
 def tidy_plan(candidates: Candidates, plan: Plan, deadline: float) -> Tidied | None:
     """`tidy` on the plan (its options found among the candidates: `assembled`), or None where it changes
-    nothing or a table is cut or cached as no live option is."""
-    assembly = assembled(candidates, plan)
+    nothing, a table is cut or cached as no live option is, or `deadline` passes before its options are found."""
+    assembly = assembled(candidates, plan, deadline)
     if assembly is None:
         return None
     peak, work, shards = assembly.objective(), float(assembly.costs().sum()), int(assembly.placed().size)

@@ -141,6 +141,7 @@ def test_plan_tidies_the_kept_plan_from_python_and_the_command_line(dearest, tmp
 
 def test_the_plan_as_it_came_is_kept_where_it_re_sizes_lower(monkeypatch):
     import shardbench.portfolio as portfolio
+    from instances import Plan, Shard, TableSharding
 
     instance, oracle = _small_and_big(), get_oracle("torchrec")
     problem = Problem(instance, oracle)
@@ -156,13 +157,23 @@ def test_the_plan_as_it_came_is_kept_where_it_re_sizes_lower(monkeypatch):
         result = portfolio.settle(problem, race, (), 0.0, Budget(5.0))
         assert result.plan == kept and (result.tidied is None) == (kept is member)
         assert result.grid_objective == pytest.approx(oracle.plan_cost(instance, kept))
-    # The plan as it came is re-sized first: where the clock is short, tidying is what goes without.
+    # Every member's plan as it came is re-sized first, then each tidied: where the clock is short, tidying is
+    # what goes without.
+    other = Plan(instance.id, (member.tables[0], TableSharding("table_wise", (Shard(1, (0, 4), (0, 32)),))))
+    assert other != member and oracle.plan_cost(instance, other) >= oracle.plan_cost(instance, member)
+    both = portfolio.Race(("a", "b"), (*race.members, portfolio.Member("b", SolveResult(
+        Status.FEASIBLE, plan=other), 1.0, True)), False, 1.0)
     calls = []
     monkeypatch.setattr(portfolio, "resized_caches",
                         lambda problem, plan, cost, deadline: calls.append(plan) or None)
-    assert portfolio.settle(problem, race, (), 0.0, Budget(5.0)).tidied is not None
-    assert calls == [member, tidied.plan]
+    assert portfolio.settle(problem, both, (), 0.0, Budget(5.0)).tidied is not None
+    other_tidied = tidy_plan(problem.candidates, other, np.inf)
+    assert calls == [member, other, tidied.plan, other_tidied.plan]
+    # Without the clock (--grid-caches) the best plan is tidied, and stays on the grid.
+    on_grid = portfolio.settle(problem, both, (), 0.0)
+    assert on_grid.plan == tidied.plan and on_grid.grid_objective is None and on_grid.tidied is not None
     assert portfolio.tidied_plan(problem, member, oracle.plan_cost(instance, member), time.monotonic() - 1) is None
+    assert assembled(problem.candidates, member, time.monotonic() - 1) is None
     # Not under an oracle that is not additive: an option's work is no sum of its pieces' costs there.
     assert portfolio.tidied_plan(Problem(instance, SimpleNamespace(additive=False)), member, 1.0, np.inf) is None
     # A replan keeps its plan as it came: a table changed would move bytes.
@@ -220,7 +231,7 @@ def test_the_report_line_names_the_tables_and_survives_zero_work():
     from solvers.tidy import Tidied
 
     instance = _small_and_big()
-    for work, peak, shown in (((2.0, 1.0), (1.0, 1.0), "-50.0%"), ((0.0, 0.0), (0.0, 0.0), "0 -> 0")):
+    for work, peak, shown in (((2.0, 1.0), (1.0, 1.0), "-50.00%"), ((0.0, 0.0), (0.0, 0.0), "0 -> 0")):
         result = PortfolioResult(None, None, None, None, 0.0, tidied=Tidied(None, (0, 1), peak, work, (4, 2)))
         line = result.tidied_line(instance)
         assert "2 tables (big, tiny)" in line and shown in line and "shards 4 -> 2" in line
