@@ -166,9 +166,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"  (best: {ours.solver})")
     if theirs is not None:
         print(f"  {comparison(theirs, ours.objective)}")
-    for line in (ours.tidied_line(instance), ours.resized_line):
-        if line is not None:
-            print(f"  {line}")
+    for line in ours.after_race_lines(instance):
+        print(f"  {line}")
     if ours.bound is not None:
         print(f"certificate: over the enumerated options no plan costs less than {ours.bound:.6g} {oracle.unit}; "
               f"ours {'before its caches were re-sized ' if ours.grid_objective is not None else ''}"

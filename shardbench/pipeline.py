@@ -458,9 +458,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               "  sharding types: " + ", ".join(f"{k} {v} table{'s' if v != 1 else ''}" for k, v in types.items()),
               "  compute kernels: " + ", ".join(f"{k} {v}" for k, v in result.plan.kernels().items())
               + _load_factors(result)]
-    for line in (result.tidied_line(instance), result.resized_line):
-        if line is not None:
-            lines.append(f"  {line}")
+    lines += [f"  {line}" for line in result.after_race_lines(instance)]
     gap = result.gap
     over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided or result.core else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""

@@ -171,6 +171,10 @@ class PortfolioResult:
                 f"({', '.join(names[:6])}{', …' if count > 6 else ''}) in options of less work or fewer shards; "
                 f"{lower}work summed over devices {before:.6g} -> {after:.6g}{change}, shards {shards} -> {now}")
 
+    def after_race_lines(self, instance: Instance) -> list[str]:
+        """What tidying and re-sizing did to the plan, for people, in that order (the lines that apply)."""
+        return [line for line in (self.tidied_line(instance), self.resized_line) if line is not None]
+
     @property
     def resized_line(self) -> str | None:
         """What re-sizing the caches did, for people (None where they were not re-sized)."""
@@ -314,13 +318,8 @@ def tidied_plan(problem: Problem, plan: Plan, objective: float, deadline: float)
     tidied = tidy_plan(problem.candidates, plan, deadline)
     if tidied is None:
         return None
-    try:
-        fits_every_tier(problem.instance, problem.oracle, tidied.plan)
-    except PlanError as error:
-        logging.getLogger("shardbench").error("shardbench: plan not tidied, the tidied plan failed: %s", error)
-        return None
-    cost = problem.oracle.plan_cost(problem.instance, tidied.plan)
-    return replace(tidied, peak=(objective, cost)) if cost <= objective else None
+    cost = _checked_cost(problem, tidied.plan, "plan not tidied, the tidied plan failed")
+    return replace(tidied, peak=(objective, cost)) if cost is not None and cost <= objective else None
 
 
 def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: float) -> tuple[Plan, float] | None:
@@ -334,10 +333,17 @@ def resized_caches(problem: Problem, plan: Plan, objective: float, deadline: flo
     resized = resize_caches(problem.instance, problem.oracle, plan, deadline)
     if resized is None:
         return None
+    cost = _checked_cost(problem, resized, "caches not re-sized, the re-sized plan failed")
+    return (resized, cost) if cost is not None and cost < objective * (1 - RESIZE_GAIN) else None
+
+
+def _checked_cost(problem: Problem, plan: Plan, refusal: str) -> float | None:
+    """The cost of a plan derived here from a member's (re-sized or tidied), once it fits every tier (the
+    instance's count and the oracle's own); None, with `refusal` and the reason logged, where it does not: a
+    defect of what derived it, so the plan it came from is handed over instead."""
     try:
-        fits_every_tier(problem.instance, problem.oracle, resized)
+        fits_every_tier(problem.instance, problem.oracle, plan)
     except PlanError as error:
-        logging.getLogger("shardbench").error("shardbench: caches not re-sized, the re-sized plan failed: %s", error)
+        logging.getLogger("shardbench").error("shardbench: %s: %s", refusal, error)
         return None
-    cost = problem.oracle.plan_cost(problem.instance, resized)
-    return (resized, cost) if cost < objective * (1 - RESIZE_GAIN) else None
+    return problem.oracle.plan_cost(problem.instance, plan)
