@@ -13,9 +13,10 @@ from typing import Callable, Mapping
 
 from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance, InstanceError
-from instances.kernels import LOAD_FACTOR_DIGITS
+from instances.kernels import FUSED_UVM_CACHING, LOAD_FACTOR_DIGITS
 from instances.memory import format_bytes
 from instances.moves import Previous
+from instances.options import enumerate_options
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, load_backends, memory_infeasibility
 from solvers.bounds import LPOutOfTime, solve_lp_within
@@ -72,6 +73,19 @@ CURVE_PIECES_PER_S = 200_000
 # (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
+# On those budgets every cache is offered these, where the LP over every load factor caches some table: the grid's
+# steps decide which tables share a device's HBM, and re-sizing a plan's caches afterwards keeps that choice
+# (tiers-80x8 under TorchRec's estimator at 30 s, `plan` seed 0: within 1 % of the bound over every load factor on
+# 26 of 30 tasks, at most 1.85 %, against 24-26 and 2.9 % on the grid; with the core's 40 instead, 25, 1.90 %;
+# docs/memory-tiers.md, stop 62). Where that makes more than FINE_OPTIONS options, only the caches that LP opens:
+# at 200 x 16 (57,000 options against 13,000 on the grid) `pair-balance` found no start in 25 s and `plan` ended
+# 3.5-10 % above the bound on 4 of 11 tasks; with those caches alone (55-96 tables, about 20,000 options) within
+# 1 % on 14 of 15, at most 1.17 %.
+# Below CORE_BUDGET_S the grid stays: at 10 s the searches, slower over four times the options, did worse (80 x 8:
+# within 2 % on 27 of 30, against 28).
+FINE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
+                                  if 0.02 <= f <= 0.95}))
+FINE_OPTIONS = 30_000
 CORE_BUDGET_S = 30.0
 NO_GUIDE = Guide({})  # where there is no LP over every load factor to suggest anything
 BOUND_SLACK = 1e-9  # relative: a plan this far below a bound is float noise, not a defect of the bound
@@ -139,6 +153,7 @@ class Priced:
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
     core_later: tuple[int, ...] = ()  # the core a budget of CORE_BUDGET_S would name, where this one is shorter
+    fine: tuple[int, ...] = ()  # the tables whose caches were offered FINE_LOAD_FACTORS too (`fine_tables`)
 
 
 @dataclass(frozen=True)
@@ -267,21 +282,23 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     the budget, which each such member would otherwise solve again in its own process (3.4 s at 800 × 128 with
     memory tiers) while every member waits for it here. Where a few tables do most of the work (`core_found`),
     they are the problem's core on budgets of at least CORE_BUDGET_S, and on shorter ones — where some member
-    `plans_core` — what the report names as a longer budget's. The budget's clock starts now (building the
-    oracle, which may load a library, is start-up, not planning)."""
+    `plans_core` — what the report names as a longer budget's; on those budgets the caches of `fine_tables` are
+    offered FINE_LOAD_FACTORS too. The budget's clock starts now (building the oracle, which may load a library,
+    is start-up, not planning)."""
     clock = budget.begun()
     base, found = guided(instance, oracle, clock) if guide and previous is None else (None, NO_GUIDE)
     found_core = core_found(base, found)
-    named, later = ((found_core, ()) if clock.time_limit >= CORE_BUDGET_S else
-                    ((), found_core if plans_core else ()))
-    factors = offered(found, named)
+    long = clock.time_limit >= CORE_BUDGET_S
+    named, later = (found_core, ()) if long else ((), found_core if plans_core else ())
+    fine = fine_tables(instance, found) if long else ()
+    factors = offered(found, named, fine)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
                              candidates=None if factors else base, core=named)
     if base is not None and factors:
         carry_bound(base, problem.candidates)
     if lp and oracle.additive and problem.chooses_options:
         solve_lp_within(problem.candidates, LP_SHARE * budget.time_limit)
-    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())), later)
+    return Priced(problem, clock, clock.elapsed(), sum(map(len, found.load_factors.values())), later, fine)
 
 
 def guided(instance: Instance, oracle: Oracle, clock: Budget) -> tuple[Candidates | None, Guide]:
@@ -313,12 +330,25 @@ def core_found(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
     return () if found is None else tuple(map(int, found))
 
 
-def offered(guide: Guide, core: tuple[int, ...]) -> dict:
+def fine_tables(instance: Instance, guide: Guide) -> tuple[int, ...]:
+    """The tables whose caches are offered FINE_LOAD_FACTORS on budgets of at least CORE_BUDGET_S: every table
+    whose cache may take any load factor, where that makes at most FINE_OPTIONS options, else those the guide
+    caches; none where it caches none."""
+    if not guide.load_factors:
+        return ()
+    free = [t for t, table in enumerate(instance.tables) if table.cache_load_factor is None and any(
+        FUSED_UVM_CACHING in instance.allowed_kernels(table, kind) for kind in instance.allowed_types(table))]
+    options = len(enumerate_options(instance, {t: FINE_LOAD_FACTORS for t in free}))
+    return tuple(free) if options <= FINE_OPTIONS else tuple(sorted(guide.load_factors))
+
+
+def offered(guide: Guide, core: tuple[int, ...], fine: tuple[int, ...]) -> dict:
     """The load factors offered beside the grid's: the guide's and, for each table of the `core` (named on
-    budgets of at least CORE_BUDGET_S), CORE_LOAD_FACTORS."""
+    budgets of at least CORE_BUDGET_S), CORE_LOAD_FACTORS, and for each of `fine`, FINE_LOAD_FACTORS."""
     factors = dict(guide.load_factors)
-    for table in core:
-        factors[table] = tuple(sorted({*factors.get(table, ()), *CORE_LOAD_FACTORS}))
+    for tables, more in ((core, CORE_LOAD_FACTORS), (fine, FINE_LOAD_FACTORS)):
+        for table in tables:
+            factors[table] = tuple(sorted({*factors.get(table, ()), *more}))
     return factors
 
 
@@ -354,8 +384,8 @@ def certify(priced: Priced, run: Race, skipped: tuple[str, ...], resize: bool = 
     # holds them, as for the Criteo-1TB tables on 80 GB, 30 s planned them within 0.1 % of 10 s).
     cached = settled.plan is not None and any(settled.plan.tables[t].cache_load_factor is not None
                                               for t in priced.core_later)
-    return every_load_factor(priced, replace(settled, guided=priced.guided, core=priced.problem.core,
-                                             core_later=priced.core_later if cached else ()))
+    return every_load_factor(priced, replace(settled, guided=priced.guided, fine=priced.fine,
+                                             core=priced.problem.core, core_later=priced.core_later if cached else ()))
 
 
 def every_load_factor(priced: Priced, result: PortfolioResult) -> PortfolioResult:
@@ -428,17 +458,29 @@ def longer_budget_note(instance: Instance, core_later: tuple[int, ...], budget_n
             "that gave 29.9-30.0 ms against a median 32.9 at 10 s (docs/bounds.md, stops 59-60)")
 
 
+def _offered(instance: Instance, result: PortfolioResult) -> str:
+    """The load factors offered beside the grid's, and what became of the core."""
+    said = (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
+            "caches tables" if result.guided else "")
+    if result.fine:
+        said += (f"; {len(result.fine)} tables' caches offered {len(FINE_LOAD_FACTORS)} more "
+                 f"({FINE_LOAD_FACTORS[0]:g}–{FINE_LOAD_FACTORS[-1]:g}) on a budget of at least {CORE_BUDGET_S:g} s")
+    # The core's load factors are among the fine ones: a core within `fine` was offered nothing more.
+    steps = ([] if set(result.core) <= set(result.fine) else [f"offered up to {len(CORE_LOAD_FACTORS)} more each"]) \
+        + (["planned alone first"] if _core_planned(result) else [])
+    if result.core and steps:
+        said += f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) " \
+            + " and ".join(steps)
+    return said
+
+
 def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResult, unit: str) -> list[str]:
     """What `plan` prints once the race is over: each member's verdict (the kept one first), what was
     skipped or stopped, and — with a plan — its cost, types, kernels, certificate and, in a replan, the
     bytes it moves."""
     lines = [f"  options priced once in {result.pricing_s:.2f} s" + (
         ", past the budget: each member had its first plan's time alone" if result.pricing_s >= request.budget else "")
-        + (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
-           "caches tables" if result.guided else "")
-        + (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) offered "
-           f"up to {len(CORE_LOAD_FACTORS)} more each" + (" and planned alone first" if _core_planned(result) else "")
-           if result.core else "")]
+        + _offered(instance, result)]
     kept = [m for m in result.members if m.solver == result.solver]
     others = sorted((m for m in result.members if m.solver != result.solver),
                     key=lambda m: (m.objective is None, m.objective or 0))
@@ -460,7 +502,8 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               + _load_factors(result)]
     lines += [f"  {line}" for line in result.after_race_lines(instance)]
     gap = result.gap
-    over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided or result.core else "")
+    beside = result.guided or result.fine or result.core
+    over = optimal_over(instance, request.previous) + (" and those beside them" if beside else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
     lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}{before}"
                  if gap is not None else "  certificate: none (no member proved a bound)")
@@ -490,7 +533,9 @@ def report_record(request: PlanRequest, instance: Instance, result: PortfolioRes
         "seed": request.seed, "gap_target": request.gap, "objective": result.objective,
         "grid_objective": result.grid_objective, "lower_bound": result.bound,
         "gap": result.gap, "optimal_over": optimal_over(instance, request.previous),
-        "guided_load_factors": result.guided, "core_tables": list(result.core),
+        "guided_load_factors": result.guided,
+        "fine_load_factors": ({"tables": list(result.fine), "load_factors": list(FINE_LOAD_FACTORS)}
+                              if result.fine else None), "core_tables": list(result.core),
         "core_tables_from_budget": ({"tables": list(result.core_later), "budget": CORE_BUDGET_S}
                                     if result.core_later else None),
         "every_load_factor_bound": result.every_lf_bound, "every_load_factor_gap": result.every_lf_gap,

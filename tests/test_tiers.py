@@ -677,7 +677,7 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     # would plan alone first, and how to ask for it.
     short_priced = pipeline.price(instance, get_oracle("torchrec"), Budget(2.0), whole_tables=False, guide=True,
                                   plans_core=True)
-    assert short_priced.problem.core == () and short_priced.core_later == (0, 1)
+    assert short_priced.problem.core == () and short_priced.core_later == (0, 1) and short_priced.fine == ()
     assert not any(set(pipeline.CORE_LOAD_FACTORS) & set(f) for f in short_priced.problem.load_factors.values())
     short = shardbench.plan(instance, "torchrec", budget=2.0, solvers=["cpsat"])
     assert short.core == () and short.core_later == (0, 1)
@@ -694,14 +694,17 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
                           plans_core=True).core_later == (0, 1)  # the same tables do most of the work
     fused = shardbench.plan(roomy, "torchrec", budget=2.0, solvers=["cpsat"])
     assert all(fused.plan.tables[t].cache_load_factor is None for t in (0, 1)) and fused.core_later == ()
-    # No member that plans a core alone: nothing said of a longer budget, nor, where the core is offered its
-    # load factors, of planning it alone.
+    # No member that plans a core alone: nothing said of a longer budget, nor, where every cache is offered the
+    # fine load factors, of the core.
     assert shardbench.plan(instance, "torchrec", budget=2.0, solvers=["pair-balance"]).core_later == ()
     monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
                  "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "(t0, t1) offered up to 40 more each" in said and "alone" not in said and "note:" not in said
+    assert "6 tables' caches offered 49 more (0.0221–0.9411) on a budget of at least 1 s" in said
+    assert "(t0, t1)" not in said and "alone" not in said and "note:" not in said
+    assert json.loads(out.read_text())["report"]["fine_load_factors"] == {
+        "tables": list(range(6)), "load_factors": list(pipeline.FINE_LOAD_FACTORS)}
     result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
     assert result.core == (0, 1) and result.core_later == ()
     result.plan.validate(instance)
@@ -712,10 +715,27 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
                for m in result.members if m.result is not None)
     priced = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
     assert priced.problem.core == (0, 1)
-    assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in (0, 1))
+    assert priced.fine == tuple(range(instance.num_tables))
+    assert set(pipeline.CORE_LOAD_FACTORS) <= set(pipeline.FINE_LOAD_FACTORS)  # a core within `fine` gets no more
+    assert all(set(pipeline.FINE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.fine)
+    assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.problem.core)
+    # Where every cache would make too many options, those the LP over every load factor opens alone.
+    monkeypatch.setattr(pipeline, "FINE_OPTIONS", 10)
+    few = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
+    guide = pipeline.guided(instance, get_oracle("torchrec"), Budget(3.0).begun())[1]
+    assert few.fine == tuple(sorted(guide.load_factors)) != priced.fine and few.fine
+    assert set(few.problem.load_factors) == {*few.fine, *few.problem.core}
+    monkeypatch.undo()
+    monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)
+    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
     assert core_tables(priced.problem, None).tolist() == [0, 1]
+    # Where the LP over every load factor caches nothing (HBM holds every table), or there is no such LP (caches
+    # not re-sized), the grid alone, whatever the budget.
+    assert pipeline.price(roomy, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True).fine == ()
+    unguided = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=False)
+    assert unguided.fine == () and not unguided.problem.load_factors
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "offered up to 40 more each and planned alone first" in said and "note:" not in said
+    assert "(t0, t1) planned alone first" in said and "offered up to" not in said and "note:" not in said
     report = json.loads(out.read_text())["report"]
     assert report["core_tables"] == [0, 1] and report["core_tables_from_budget"] is None
