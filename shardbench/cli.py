@@ -626,8 +626,9 @@ def build_parser(plugins: bool = True) -> argparse.ArgumentParser:
             question.add_argument("--gap", type=gap_fraction, default=0.0, help=GAP_HELP)
             question.add_argument("--grid-caches", action="store_true", help="keep every cache at a load factor "
                                   "of the options' grid (default: under TorchRec's estimator caches are also offered "
-                                  "the load factors the LP over every load factor picks, and the kept plan's caches "
-                                  "are re-sized off the grid into the HBM left; the best plan is tidied on the "
+                                  "the load factors the LP over every load factor picks, on budgets of at least 30 s "
+                                  "finer ones too, and the kept plan's caches are re-sized off the grid into the "
+                                  "HBM left; the best plan is tidied on the "
                                   "grid either way, time allowing)")
             question.set_defaults(func=_cmd_plan)
     replan = sub.add_parser("replan", help="replan after a workload shift, moving at most a budget of bytes from the "

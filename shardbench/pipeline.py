@@ -13,10 +13,9 @@ from typing import Callable, Mapping
 
 from costmodels import Oracle, get_oracle, oracle_is_additive, oracle_prices_tiers
 from instances import Instance, InstanceError
-from instances.kernels import FUSED_UVM_CACHING, LOAD_FACTOR_DIGITS
+from instances.kernels import LOAD_FACTOR_DIGITS
 from instances.memory import format_bytes
 from instances.moves import Previous
-from instances.options import enumerate_options
 from solvers import Budget, Problem, SolverOracleMismatch, check_seed, get_solver
 from solvers.base import incompatibility, load_backends, memory_infeasibility
 from solvers.bounds import LPOutOfTime, solve_lp_within
@@ -29,6 +28,7 @@ from solvers.cache_bound import (
     guided_load_factors,
     has_every_load_factor_bound,
     load_factor_points,
+    open_caches,
 )
 from solvers.candidates import Candidates
 from solvers.exact_model import core_of, cut_down_settles
@@ -76,13 +76,13 @@ CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in l
 # On those budgets every cache is offered these, where the LP over every load factor caches some table: the grid's
 # steps decide which tables share a device's HBM, and re-sizing a plan's caches afterwards keeps that choice
 # (tiers-80x8 under TorchRec's estimator at 30 s, `plan` seed 0: within 1 % of the bound over every load factor on
-# 26 of 30 tasks, at most 1.85 %, against 24-26 and 2.9 % on the grid; with the core's 40 instead, 25, 1.90 %;
-# docs/memory-tiers.md, stop 62). Where that makes more than FINE_OPTIONS options, only the caches that LP opens:
-# at 200 x 16 (57,000 options against 13,000 on the grid) `pair-balance` found no start in 25 s and `plan` ended
-# 3.5-10 % above the bound on 4 of 11 tasks; with those caches alone (55-96 tables, about 20,000 options) within
-# 1 % on 14 of 15, at most 1.17 %.
-# Below CORE_BUDGET_S the grid stays: at 10 s the searches, slower over four times the options, did worse (80 x 8:
-# within 2 % on 27 of 30, against 28).
+# 26 of 30 tasks, at most 1.85 %, against 24-26 at stops 49-60 and six tasks at 1.18-2.90 % at stop 61 on the
+# grid; with the core's 40 instead, 25, 1.90 %: one or two tasks apart run to run; docs/memory-tiers.md, stop 62).
+# Where they would make more than FINE_OPTIONS options, the grid stays: at 200 x 16 (57,000 options against
+# 13,000) `pair-balance` found no start within 25 s and `plan` ended 3.5-10 % above the bound on 4 of 11 tasks;
+# offered to the caches that LP opens alone (about 20,000), plans were no lower than on the grid (14/15 within
+# 1 % either way). Below CORE_BUDGET_S the grid stays too: at 10 s the searches, slower over four times the
+# options, did worse (80 x 8: within 2 % on 27 of 30, against 28).
 FINE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.02 <= f <= 0.95}))
 FINE_OPTIONS = 30_000
@@ -115,8 +115,9 @@ class PlanRequest:
     recommended portfolio; `best-greedy` always runs too), the seed of stochastic members, the sharding
     types and compute kernels to plan with (None: the instance's), a rules file for the recommender, for a
     replan the previous plan with its move budget, and whether caches may leave the options' grid of load
-    factors (`resize_caches`: offered the load factors the LP over every load factor picks, and the
-    members' plans re-sized, the lowest kept; never in a replan)."""
+    factors (`resize_caches`: offered the load factors the LP over every load factor picks — and on budgets of
+    at least CORE_BUDGET_S finer ones, and the core its own (`price`) — and the members' plans re-sized, the
+    lowest kept; never in a replan)."""
 
     instance: Instance
     oracle: str
@@ -290,7 +291,7 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     found_core = core_found(base, found)
     long = clock.time_limit >= CORE_BUDGET_S
     named, later = (found_core, ()) if long else ((), found_core if plans_core else ())
-    fine = fine_tables(instance, found) if long else ()
+    fine = fine_tables(base, found) if long else ()
     factors = offered(found, named, fine)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
                              candidates=None if factors else base, core=named)
@@ -330,16 +331,17 @@ def core_found(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
     return () if found is None else tuple(map(int, found))
 
 
-def fine_tables(instance: Instance, guide: Guide) -> tuple[int, ...]:
+def fine_tables(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
     """The tables whose caches are offered FINE_LOAD_FACTORS on budgets of at least CORE_BUDGET_S: every table
-    whose cache may take any load factor, where that makes at most FINE_OPTIONS options, else those the guide
-    caches; none where it caches none."""
-    if not guide.load_factors:
+    with a cache whose load factor is open (`open_caches` of the options on the grid, `base`), where the guide
+    caches some table and the options, with the guide's load factors and those, number at most FINE_OPTIONS."""
+    if base is None or not guide.load_factors:
         return ()
-    free = [t for t, table in enumerate(instance.tables) if table.cache_load_factor is None and any(
-        FUSED_UVM_CACHING in instance.allowed_kernels(table, kind) for kind in instance.allowed_types(table))]
-    options = len(enumerate_options(instance, {t: FINE_LOAD_FACTORS for t in free}))
-    return tuple(free) if options <= FINE_OPTIONS else tuple(sorted(guide.load_factors))
+    options = base.options.options
+    layouts = open_caches(base)
+    more = sum(len({*FINE_LOAD_FACTORS, *guide.load_factors.get(table, ())} - {options[o].load_factor for o in ids})
+               for (table, _, _), ids in layouts.items())
+    return tuple(sorted({table for table, _, _ in layouts})) if len(options) + more <= FINE_OPTIONS else ()
 
 
 def offered(guide: Guide, core: tuple[int, ...], fine: tuple[int, ...]) -> dict:
@@ -454,8 +456,9 @@ def longer_budget_note(instance: Instance, core_later: tuple[int, ...], budget_n
                             (f"{len(core_later)} tables do", "some of them", "them"))
     return (f"{tables} most of the work ({_names(instance, core_later)}), and the plan caches {cached}; with a "
             f"budget of at least {CORE_BUDGET_S:g} s ({ask}) CP-SAT plans {them} alone first over up to "
-            f"{len(CORE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
-            "that gave 29.9-30.0 ms against a median 32.9 at 10 s (docs/bounds.md, stops 59-60)")
+            f"{len(FINE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
+            "that gave 29.9-30.0 ms (stops 59-60) and 28.8-32.2 (stop 62) against a median 32.9 at 10 s "
+            "(docs/bounds.md)")
 
 
 def _offered(instance: Instance, result: PortfolioResult) -> str:
@@ -463,14 +466,14 @@ def _offered(instance: Instance, result: PortfolioResult) -> str:
     said = (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
             "caches tables" if result.guided else "")
     if result.fine:
-        said += (f"; {len(result.fine)} tables' caches offered {len(FINE_LOAD_FACTORS)} more "
+        said += (f"; {len(result.fine)} tables' caches offered up to {len(FINE_LOAD_FACTORS)} more "
                  f"({FINE_LOAD_FACTORS[0]:g}–{FINE_LOAD_FACTORS[-1]:g}) on a budget of at least {CORE_BUDGET_S:g} s")
     # The core's load factors are among the fine ones: a core within `fine` was offered nothing more.
-    steps = ([] if set(result.core) <= set(result.fine) else [f"offered up to {len(CORE_LOAD_FACTORS)} more each"]) \
-        + (["planned alone first"] if _core_planned(result) else [])
+    steps = [] if set(result.core) <= set(result.fine) else [f"offered up to {len(CORE_LOAD_FACTORS)} more each"]
+    steps += ["planned alone first"] if _core_planned(result) else []
     if result.core and steps:
-        said += f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) " \
-            + " and ".join(steps)
+        said += (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) "
+                 + " and ".join(steps))
     return said
 
 
@@ -502,8 +505,7 @@ def report_lines(request: PlanRequest, instance: Instance, result: PortfolioResu
               + _load_factors(result)]
     lines += [f"  {line}" for line in result.after_race_lines(instance)]
     gap = result.gap
-    beside = result.guided or result.fine or result.core
-    over = optimal_over(instance, request.previous) + (" and those beside them" if beside else "")
+    over = optimal_over(instance, request.previous) + (" and those beside them" if result.guided or result.core else "")
     before = ", of the plan before its caches were re-sized" if result.grid_objective is not None else ""
     lines.append(f"  certificate: gap {gap:.4%} to the best bound {result.bound:.6g}, over {over}{before}"
                  if gap is not None else "  certificate: none (no member proved a bound)")

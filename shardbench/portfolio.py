@@ -107,9 +107,10 @@ class PortfolioResult:
     # whether or not its caches were re-sized; None with the reason where there is none.
     every_lf_bound: float | None = None
     guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
-    # The tables whose caches were offered shardbench.pipeline.FINE_LOAD_FACTORS too (budgets of at least 30 s).
+    # The tables whose caches were offered shardbench.pipeline.FINE_LOAD_FACTORS too (budgets of at least
+    # shardbench.pipeline.CORE_BUDGET_S).
     fine: tuple[int, ...] = ()
-    # Tables offered fine load factors (shardbench.pipeline.price), which CP-SAT, where it runs, plans alone first.
+    # Tables offered shardbench.pipeline.CORE_LOAD_FACTORS (`price`), which CP-SAT, where it runs, plans alone first.
     core: tuple[int, ...] = ()
     # The core a budget of shardbench.pipeline.CORE_BUDGET_S would have named, where this one was shorter.
     core_later: tuple[int, ...] = ()

@@ -701,7 +701,7 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
                  "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "6 tables' caches offered 49 more (0.0221–0.9411) on a budget of at least 1 s" in said
+    assert "6 tables' caches offered up to 49 more (0.0221–0.9411) on a budget of at least 1 s" in said
     assert "(t0, t1)" not in said and "alone" not in said and "note:" not in said
     assert json.loads(out.read_text())["report"]["fine_load_factors"] == {
         "tables": list(range(6)), "load_factors": list(pipeline.FINE_LOAD_FACTORS)}
@@ -719,23 +719,36 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     assert set(pipeline.CORE_LOAD_FACTORS) <= set(pipeline.FINE_LOAD_FACTORS)  # a core within `fine` gets no more
     assert all(set(pipeline.FINE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.fine)
     assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.problem.core)
-    # Where every cache would make too many options, those the LP over every load factor opens alone.
-    monkeypatch.setattr(pipeline, "FINE_OPTIONS", 10)
-    few = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
-    guide = pipeline.guided(instance, get_oracle("torchrec"), Budget(3.0).begun())[1]
-    assert few.fine == tuple(sorted(guide.load_factors)) != priced.fine and few.fine
-    assert set(few.problem.load_factors) == {*few.fine, *few.problem.core}
-    monkeypatch.undo()
-    monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)
-    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
     assert core_tables(priced.problem, None).tolist() == [0, 1]
     # Where the LP over every load factor caches nothing (HBM holds every table), or there is no such LP (caches
     # not re-sized), the grid alone, whatever the budget.
+    assert pipeline.guided(roomy, get_oracle("torchrec"), Budget(3.0).begun())[1].work is not None  # the LP ran
     assert pipeline.price(roomy, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True).fine == ()
     unguided = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=False)
     assert unguided.fine == () and not unguided.problem.load_factors
+    assert shardbench.plan(instance, "torchrec", budget=3.0, solvers=["pair-balance"], resize_caches=False).fine == ()
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "(t0, t1) planned alone first" in said and "offered up to" not in said and "note:" not in said
+    assert "(t0, t1) planned alone first" in said and "40 more each" not in said and "note:" not in said
     report = json.loads(out.read_text())["report"]
     assert report["core_tables"] == [0, 1] and report["core_tables_from_budget"] is None
+    # Where every cache would make more options than FINE_OPTIONS, the grid for them: the core alone is offered
+    # its load factors. The count is that of the options then enumerated, the guide's load factors included.
+    base, guide = pipeline.guided(instance, get_oracle("torchrec"), Budget(3.0).begun())
+    exact = len(enumerate_options(instance, pipeline.offered(guide, (), priced.fine)))
+    for limit, tables in ((exact, priced.fine), (exact - 1, ())):
+        with monkeypatch.context() as patch:
+            patch.setattr(pipeline, "FINE_OPTIONS", limit)
+            assert pipeline.fine_tables(base, guide) == tables
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "FINE_OPTIONS", len(enumerate_options(instance)))
+        few = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
+        assert few.fine == () and few.problem.core == (0, 1)
+        assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(few.problem.load_factors[t]) for t in (0, 1))
+        assert not any((set(pipeline.FINE_LOAD_FACTORS) - set(pipeline.CORE_LOAD_FACTORS)) & set(f)
+                       for f in few.problem.load_factors.values())
+        assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat",
+                     "-o", str(out)]) == 0
+        said = capsys.readouterr().out
+        assert "(t0, t1) offered up to 40 more each and planned alone first" in said and "tables' caches" not in said
+        assert json.loads(out.read_text())["report"]["fine_load_factors"] is None
