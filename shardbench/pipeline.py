@@ -73,8 +73,8 @@ CURVE_PIECES_PER_S = 200_000
 # (0.052-0.833), denser where caches are small (load_factor_points), as in those runs.
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
-# On those budgets every cache is offered these, where the LP over every load factor caches some table: the grid's
-# steps decide which tables share a device's HBM, and re-sizing a plan's caches afterwards keeps that choice
+# On those budgets, where no core is named (`fine_tables`), every cache is offered these, where the LP over every
+# load factor caches some table: the grid's steps decide which tables share a device's HBM, and re-sizing a plan's caches afterwards keeps that choice
 # (tiers-80x8 under TorchRec's estimator at 30 s, `plan` seed 0: within 1 % of the bound over every load factor on
 # 26 of 30 tasks, at most 1.85 %, against 24-26 at stops 49-60 and six tasks at 1.18-2.90 % at stop 61 on the
 # grid; with the core's 40 instead, 25, 1.90 %: one or two tasks apart run to run; docs/memory-tiers.md, stop 62).
@@ -291,7 +291,7 @@ def price(instance: Instance, oracle: Oracle, budget: Budget, whole_tables: bool
     found_core = core_found(base, found)
     long = clock.time_limit >= CORE_BUDGET_S
     named, later = (found_core, ()) if long else ((), found_core if plans_core else ())
-    fine = fine_tables(base, found) if long else ()
+    fine = fine_tables(base, found, named) if long else ()
     factors = offered(found, named, fine)
     problem = Problem.priced(instance, oracle, whole_tables, previous, factors or None,
                              candidates=None if factors else base, core=named)
@@ -331,11 +331,14 @@ def core_found(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
     return () if found is None else tuple(map(int, found))
 
 
-def fine_tables(base: Candidates | None, guide: Guide) -> tuple[int, ...]:
+def fine_tables(base: Candidates | None, guide: Guide, core: tuple[int, ...]) -> tuple[int, ...]:
     """The tables whose caches are offered FINE_LOAD_FACTORS on budgets of at least CORE_BUDGET_S: every table
     with a cache whose load factor is open (`open_caches` of the options on the grid, `base`), where the guide
-    caches some table and the options, with the guide's load factors and those, number at most FINE_OPTIONS."""
-    if base is None or not guide.load_factors:
+    caches some table, no `core` is named and the options, with the guide's load factors and those, number at
+    most FINE_OPTIONS. Where a core is named, CP-SAT plans it alone over CORE_LOAD_FACTORS first, the way the
+    Criteo-1TB tables were measured (29.9-30.0 ms at 30 s, stop 59); with every cache offered these too, they
+    ended at 28.8-36.2 ms over six runs (the zoo's four HBM-short cells and two seeds, stop 62)."""
+    if base is None or not guide.load_factors or core:
         return ()
     options = base.options.options
     layouts = open_caches(base)

@@ -694,17 +694,14 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
                           plans_core=True).core_later == (0, 1)  # the same tables do most of the work
     fused = shardbench.plan(roomy, "torchrec", budget=2.0, solvers=["cpsat"])
     assert all(fused.plan.tables[t].cache_load_factor is None for t in (0, 1)) and fused.core_later == ()
-    # No member that plans a core alone: nothing said of a longer budget, nor, where every cache is offered the
-    # fine load factors, of the core.
+    # No member that plans a core alone: nothing said of a longer budget, nor, where the core is offered its
+    # load factors, of planning it alone.
     assert shardbench.plan(instance, "torchrec", budget=2.0, solvers=["pair-balance"]).core_later == ()
     monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
                  "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "6 tables' caches offered up to 49 more (0.0221–0.9411) on a budget of at least 1 s" in said
-    assert "(t0, t1)" not in said and "alone" not in said and "note:" not in said
-    assert json.loads(out.read_text())["report"]["fine_load_factors"] == {
-        "tables": list(range(6)), "load_factors": list(pipeline.FINE_LOAD_FACTORS)}
+    assert "(t0, t1) offered up to 40 more each" in said and "alone" not in said and "note:" not in said
     result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["cpsat"])
     assert result.core == (0, 1) and result.core_later == ()
     result.plan.validate(instance)
@@ -715,40 +712,62 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
                for m in result.members if m.result is not None)
     priced = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
     assert priced.problem.core == (0, 1)
-    assert priced.fine == tuple(range(instance.num_tables))
-    assert set(pipeline.CORE_LOAD_FACTORS) <= set(pipeline.FINE_LOAD_FACTORS)  # a core within `fine` gets no more
-    assert all(set(pipeline.FINE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.fine)
-    assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.problem.core)
+    assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in (0, 1))
     assert core_tables(priced.problem, None).tolist() == [0, 1]
-    # Where the LP over every load factor caches nothing (HBM holds every table), or there is no such LP (caches
-    # not re-sized), the grid alone, whatever the budget.
-    assert pipeline.guided(roomy, get_oracle("torchrec"), Budget(3.0).begun())[1].work is not None  # the LP ran
-    assert pipeline.price(roomy, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True).fine == ()
-    unguided = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=False)
-    assert unguided.fine == () and not unguided.problem.load_factors
-    assert shardbench.plan(instance, "torchrec", budget=3.0, solvers=["pair-balance"], resize_caches=False).fine == ()
+    assert priced.fine == ()  # where a core is named, the other caches stay on the grid
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
     said = capsys.readouterr().out
-    assert "(t0, t1) planned alone first" in said and "40 more each" not in said and "note:" not in said
+    assert "offered up to 40 more each and planned alone first" in said and "note:" not in said
     report = json.loads(out.read_text())["report"]
     assert report["core_tables"] == [0, 1] and report["core_tables_from_budget"] is None
-    # Where every cache would make more options than FINE_OPTIONS, the grid for them: the core alone is offered
-    # its load factors. The count is that of the options then enumerated, the guide's load factors included.
-    base, guide = pipeline.guided(instance, get_oracle("torchrec"), Budget(3.0).begun())
+
+
+def test_plan_offers_every_open_cache_fine_load_factors_on_long_budgets_where_no_core_is_named(monkeypatch, tmp_path,
+                                                                                             capsys):
+    import shardbench
+    import shardbench.pipeline as pipeline
+
+    instance = Instance("spread-cached", tuple(make_table(f"t{i}", 3000, 16, 4.0) for i in range(6)),
+                        Topology(1, 2, 100 * 1024, host_memory_bytes=2**30), Workload(batch_size=64),
+                        sharding_types=("table_wise", "row_wise")).validate()
+    path, out = tmp_path / "spread.json", tmp_path / "plan.json"
+    save_instance(instance, path)
+    monkeypatch.setattr(pipeline, "GUIDE_SHARE", 0.9)  # the LP's time, so that a slow machine finds it too
+    oracle = get_oracle("torchrec")
+    base, guide = pipeline.guided(instance, oracle, Budget(3.0).begun())
+    assert guide.load_factors and pipeline.core_found(base, guide) == ()  # the LP caches tables; no core
+    # Below CORE_BUDGET_S the grid and the guide's load factors alone.
+    short = pipeline.price(instance, oracle, Budget(3.0), whole_tables=False, guide=True)
+    assert short.fine == () and not any(set(pipeline.FINE_LOAD_FACTORS) & set(f) - set(guide.load_factors[t])
+                                        for t, f in short.problem.load_factors.items())
+    monkeypatch.setattr(pipeline, "CORE_BUDGET_S", 1.0)
+    priced = pipeline.price(instance, oracle, Budget(3.0), whole_tables=False, guide=True)
+    assert priced.fine == tuple(range(instance.num_tables)) and priced.problem.core == ()
+    assert all(set(pipeline.FINE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in priced.fine)
+    assert set(pipeline.CORE_LOAD_FACTORS) <= set(pipeline.FINE_LOAD_FACTORS)  # a core within `fine` gets no more
+    assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
+                 "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "6 tables' caches offered up to 49 more (0.0221–0.9411) on a budget of at least 1 s" in said
+    assert json.loads(out.read_text())["report"]["fine_load_factors"] == {
+        "tables": list(range(6)), "load_factors": list(pipeline.FINE_LOAD_FACTORS)}
+    result = shardbench.plan(instance, "torchrec", budget=3.0, solvers=["pair-balance"])
+    assert result.fine == tuple(range(6))
+    result.plan.validate(instance)
+    assert shardbench.plan(instance, "torchrec", budget=3.0, solvers=["pair-balance"], resize_caches=False).fine == ()
+    unguided = pipeline.price(instance, oracle, Budget(3.0), whole_tables=False, guide=False)
+    assert unguided.fine == () and not unguided.problem.load_factors
+    # The limit counts the options then enumerated, the guide's load factors included: at it they are offered,
+    # one below it the grid stays; and nothing where a core is named.
     exact = len(enumerate_options(instance, pipeline.offered(guide, (), priced.fine)))
     for limit, tables in ((exact, priced.fine), (exact - 1, ())):
         with monkeypatch.context() as patch:
             patch.setattr(pipeline, "FINE_OPTIONS", limit)
-            assert pipeline.fine_tables(base, guide) == tables
+            assert pipeline.fine_tables(base, guide, ()) == tables
+    assert pipeline.fine_tables(base, guide, (0,)) == ()
     with monkeypatch.context() as patch:
-        patch.setattr(pipeline, "FINE_OPTIONS", len(enumerate_options(instance)))
-        few = pipeline.price(instance, get_oracle("torchrec"), Budget(3.0), whole_tables=False, guide=True)
-        assert few.fine == () and few.problem.core == (0, 1)
-        assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(few.problem.load_factors[t]) for t in (0, 1))
-        assert not any((set(pipeline.FINE_LOAD_FACTORS) - set(pipeline.CORE_LOAD_FACTORS)) & set(f)
-                       for f in few.problem.load_factors.values())
-        assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat",
+        patch.setattr(pipeline, "FINE_OPTIONS", exact - 1)
+        assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
                      "-o", str(out)]) == 0
-        said = capsys.readouterr().out
-        assert "(t0, t1) offered up to 40 more each and planned alone first" in said and "tables' caches" not in said
+        assert "tables' caches" not in capsys.readouterr().out
         assert json.loads(out.read_text())["report"]["fine_load_factors"] is None
