@@ -74,7 +74,8 @@ CURVE_PIECES_PER_S = 200_000
 CORE_LOAD_FACTORS = tuple(sorted({round(float(f), LOAD_FACTOR_DIGITS) for f in load_factor_points(58)
                                   if 0.05 <= f <= 0.86}))
 # On those budgets, where no core is named (`fine_tables`), every cache is offered these, where the LP over every
-# load factor caches some table: the grid's steps decide which tables share a device's HBM, and re-sizing a plan's caches afterwards keeps that choice
+# load factor caches some table: the grid's steps decide which tables share a device's HBM, and re-sizing a
+# plan's caches afterwards keeps that choice
 # (tiers-80x8 under TorchRec's estimator at 30 s, `plan` seed 0: within 1 % of the bound over every load factor on
 # 26 of 30 tasks, at most 1.85 %, against 24-26 at stops 49-60 and six tasks at 1.18-2.90 % at stop 61 on the
 # grid; with the core's 40 instead, 25, 1.90 %: one or two tasks apart run to run; docs/memory-tiers.md, stop 62).
@@ -459,24 +460,22 @@ def longer_budget_note(instance: Instance, core_later: tuple[int, ...], budget_n
                             (f"{len(core_later)} tables do", "some of them", "them"))
     return (f"{tables} most of the work ({_names(instance, core_later)}), and the plan caches {cached}; with a "
             f"budget of at least {CORE_BUDGET_S:g} s ({ask}) CP-SAT plans {them} alone first over up to "
-            f"{len(FINE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
-            "that gave 29.9-30.0 ms (stops 59-60) and 28.8-32.2 (stop 62) against a median 32.9 at 10 s "
-            "(docs/bounds.md)")
+            f"{len(CORE_LOAD_FACTORS)} more cache load factors each: on the MLPerf Criteo-1TB tables with HBM short "
+            "that gave 29.9-30.0 ms against a median 32.9 at 10 s (docs/bounds.md, stops 59-60)")
 
 
 def _offered(instance: Instance, result: PortfolioResult) -> str:
-    """The load factors offered beside the grid's, and what became of the core."""
+    """The load factors offered beside the grid's: the guide's, the fine ones or the core's (never both:
+    `fine_tables`)."""
     said = (f", with {result.guided} cache load factors beside the grid's, where the LP over every load factor "
             "caches tables" if result.guided else "")
     if result.fine:
         said += (f"; {len(result.fine)} tables' caches offered up to {len(FINE_LOAD_FACTORS)} more "
                  f"({FINE_LOAD_FACTORS[0]:g}–{FINE_LOAD_FACTORS[-1]:g}) on a budget of at least {CORE_BUDGET_S:g} s")
-    # The core's load factors are among the fine ones: a core within `fine` was offered nothing more.
-    steps = [] if set(result.core) <= set(result.fine) else [f"offered up to {len(CORE_LOAD_FACTORS)} more each"]
-    steps += ["planned alone first"] if _core_planned(result) else []
-    if result.core and steps:
-        said += (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) "
-                 + " and ".join(steps))
+    if result.core:
+        alone = " and planned alone first" if _core_planned(result) else ""
+        said += (f"; the {len(result.core)} tables that do most of its work ({_names(instance, result.core)}) offered "
+                 f"up to {len(CORE_LOAD_FACTORS)} more each{alone}")
     return said
 
 
