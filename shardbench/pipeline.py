@@ -117,8 +117,8 @@ class PlanRequest:
     types and compute kernels to plan with (None: the instance's), a rules file for the recommender, for a
     replan the previous plan with its move budget, and whether caches may leave the options' grid of load
     factors (`resize_caches`: offered the load factors the LP over every load factor picks — and on budgets of
-    at least CORE_BUDGET_S finer ones, and the core its own (`price`) — and the members' plans re-sized, the
-    lowest kept; never in a replan)."""
+    at least CORE_BUDGET_S finer ones or, where a core is named, the core its own (`price`) — and the members'
+    plans re-sized, the lowest kept; never in a replan)."""
 
     instance: Instance
     oracle: str
@@ -155,7 +155,7 @@ class Priced:
     seconds: float
     guided: int = 0  # load factors offered beside the grid's (`guided`)
     core_later: tuple[int, ...] = ()  # the core a budget of CORE_BUDGET_S would name, where this one is shorter
-    fine: tuple[int, ...] = ()  # the tables whose caches were offered FINE_LOAD_FACTORS too (`fine_tables`)
+    fine: tuple[int, ...] = ()  # the caches offered FINE_LOAD_FACTORS too, where no core is named (`fine_tables`)
 
 
 @dataclass(frozen=True)

@@ -108,7 +108,7 @@ class PortfolioResult:
     every_lf_bound: float | None = None
     guided: int = 0  # cache load factors offered beside the grid's, where the LP over every load factor put caches
     # The tables whose caches were offered shardbench.pipeline.FINE_LOAD_FACTORS too (budgets of at least
-    # shardbench.pipeline.CORE_BUDGET_S).
+    # shardbench.pipeline.CORE_BUDGET_S, where no core is named).
     fine: tuple[int, ...] = ()
     # Tables offered shardbench.pipeline.CORE_LOAD_FACTORS (`price`), which CP-SAT, where it runs, plans alone first.
     core: tuple[int, ...] = ()

@@ -714,7 +714,7 @@ def test_plan_offers_the_core_fine_load_factors_and_plans_it_alone_first_on_long
     assert priced.problem.core == (0, 1)
     assert all(set(pipeline.CORE_LOAD_FACTORS) <= set(priced.problem.load_factors[t]) for t in (0, 1))
     assert core_tables(priced.problem, None).tolist() == [0, 1]
-    assert priced.fine == ()  # where a core is named, the other caches stay on the grid
+    assert priced.fine == ()  # where a core is named, the other caches are not offered the fine load factors
     assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "cpsat", "-o", str(out)]) == 0
     said = capsys.readouterr().out
     assert "offered up to 40 more each and planned alone first" in said and "note:" not in said
@@ -764,9 +764,17 @@ def test_plan_offers_every_open_cache_fine_load_factors_on_long_budgets_where_no
             patch.setattr(pipeline, "FINE_OPTIONS", limit)
             assert pipeline.fine_tables(base, guide, ()) == tables
     assert pipeline.fine_tables(base, guide, (0,)) == ()
+    # Where HBM holds every table, the LP caches none: nothing offered.
+    roomy = dataclasses.replace(instance, topology=dataclasses.replace(instance.topology, memory_bytes=8 * 2**20))
+    roomy = roomy.validate()
+    roomy_base, roomy_guide = pipeline.guided(roomy, oracle, Budget(3.0).begun())
+    assert roomy_guide.work is not None and not roomy_guide.load_factors  # the LP ran and caches nothing
+    assert pipeline.fine_tables(roomy_base, roomy_guide, ()) == ()
+    assert pipeline.price(roomy, oracle, Budget(3.0), whole_tables=False, guide=True).fine == ()
     with monkeypatch.context() as patch:
         patch.setattr(pipeline, "FINE_OPTIONS", exact - 1)
         assert main(["plan", str(path), "--oracle", "torchrec", "--budget", "3", "--solvers", "pair-balance",
                      "-o", str(out)]) == 0
-        assert "tables' caches" not in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert "tables' caches" not in said and "cache load factors beside the grid's" in said
         assert json.loads(out.read_text())["report"]["fine_load_factors"] is None
