@@ -4,6 +4,7 @@ bound kept), and where tables trade HBM for cost, its neighbourhoods."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from .exact_model import (
     neighbourhoods,
     prelude,
 )
+from .quiet import with_stderr, without_rejected_lns
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
 # Where a few tables do most of the work (`core_tables`), the model over them alone may run until this share of
@@ -176,10 +178,12 @@ def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float,
     solver.parameters.random_seed = seed
     if len(variables) > 20000:
         solver.parameters.cp_model_probing_level = 0  # probing stalls on large models with few cores
-    code = solver.Solve(cp)
+    code, printed = with_stderr(lambda: solver.Solve(cp))
+    printed, rejected = without_rejected_lns(printed)
+    sys.stderr.write(printed)
     stats = {"backend": "cpsat", "cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
              "rounding_slack_units": slack, "rounding_error_bound": integer.to_cost(slack),
-             "variables": len(variables), "wall_time": solver.WallTime()}
+             "variables": len(variables), "wall_time": solver.WallTime(), "lns_fragments_rejected": rejected}
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {cp.Validate()}")
     found = None
