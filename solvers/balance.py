@@ -875,7 +875,7 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
     best, pools, spent, stats = None, None, set(), {}
     built = []
     for name, choose in STARTS if centre is not None else ():
-        if past(deadline):
+        if built and past(deadline):
             break
         assembly = balanced_start(candidates, centre, choose, deadline,
                                   time.monotonic() + LEVEL_SHARE * budget.time_limit)
@@ -920,6 +920,7 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
                 continue
             more = kicks(best, pools, rng, deadline, None, spent)
             stats.update(kicks=stats["kicks"] + more["kicks"], kicks_kept=stats["kicks_kept"] + more["kicks_kept"])
+    stats["starts_built"] = len(built)
     optimal = meets_bound(best)
     if optimal:
         bound = min(bound, best.objective())  # only the LP's rounding can put it a hair above the plan

@@ -4,7 +4,6 @@ bound kept), and where tables trade HBM for cost, its neighbourhoods."""
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass
 
@@ -24,7 +23,7 @@ from .exact_model import (
     neighbourhoods,
     prelude,
 )
-from .quiet import with_stderr, without_rejected_lns
+from .quiet import RejectedLns, with_stderr_sorted
 
 SCALED_TOTAL = 1e13          # integer cost units of all tables together (int64-safe, ~1e-10 rounding)
 # Where a few tables do most of the work (`core_tables`), the model over them alone may run until this share of
@@ -85,7 +84,8 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     if core is not None:
         start, core_stats = _core_first(candidates, start, core, budget.share(CORE_UNTIL), seed, workers)
         if start.proven(budget.gap):
-            return finish(problem, None, start.lower_bound, start, {"backend": "cpsat", **core_stats})
+            return finish(problem, None, start.lower_bound, start, {
+                "backend": "cpsat", **core_stats, "lns_fragments_rejected": core_stats["core"]["lns_fragments_rejected"]})
     widening, near = [], ExactStart(None, start.lower_bound)
     cuts = neighbourhoods(candidates, centre)
     for i, cut in enumerate(cuts):
@@ -98,13 +98,17 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
         run = _run(cut, near, until, budget.backend_gap, seed, workers)
         near = near.improved(candidates, run.found)
         widening.append({"options": int(cut.live.sum()), "cpsat_status": run.stats["cpsat_status"],
-                         "best_so_far": near.objective() if near.assembly is not None else None})
+                         "best_so_far": near.objective() if near.assembly is not None else None,
+                         "lns_fragments_rejected": run.stats["lns_fragments_rejected"]})
     if near.objective() < start.objective():
         start = ExactStart(near.assembly, start.lower_bound, start.failure)
     run = _run(candidates, start, budget.deadline(), budget.backend_gap, seed, workers)
     if run.code == cp_model.INFEASIBLE and start.assembly is None:
         return infeasible("CP-SAT proved that no plan over the enumerated options fits the memory capacity")
     stats = {**run.stats, **core_stats, **({"neighbourhoods": widening} if widening else {})}
+    # Over every run of this solve: the model over the core, the neighbourhoods and the whole.
+    stats["lns_fragments_rejected"] = sum(part["lns_fragments_rejected"] for part in
+                                          (run.stats, *core_stats.values(), *widening))
     return finish(problem, run.found, max(start.lower_bound, run.proven), start, stats)
 
 
@@ -120,7 +124,8 @@ def _core_first(candidates: Candidates, start: ExactStart, core: np.ndarray, dea
     whole = completed(candidates, run.found) if run.found is not None else None
     assembly = whole if whole is not None and whole.objective() < start.objective() else start.assembly
     stats = {"core": {"tables": int(core.size), "cpsat_status": run.stats["cpsat_status"], "bound": proven,
-                      "plan": None if whole is None else whole.objective(), "wall_time": run.stats["wall_time"]}}
+                      "plan": None if whole is None else whole.objective(), "wall_time": run.stats["wall_time"],
+                      "lns_fragments_rejected": run.stats["lns_fragments_rejected"]}}
     return ExactStart(assembly, max(start.lower_bound, proven or 0.0), start.failure), stats
 
 
@@ -178,12 +183,11 @@ def _run(candidates: Candidates, start: ExactStart, deadline: float, gap: float,
     solver.parameters.random_seed = seed
     if len(variables) > 20000:
         solver.parameters.cp_model_probing_level = 0  # probing stalls on large models with few cores
-    code, printed = with_stderr(lambda: solver.Solve(cp))
-    printed, rejected = without_rejected_lns(printed)
-    sys.stderr.write(printed)
+    rejected = RejectedLns()
+    code = with_stderr_sorted(lambda: solver.Solve(cp), rejected)
     stats = {"backend": "cpsat", "cpsat_status": solver.StatusName(code), "scale": integer.unit / integer.top,
              "rounding_slack_units": slack, "rounding_error_bound": integer.to_cost(slack),
-             "variables": len(variables), "wall_time": solver.WallTime(), "lns_fragments_rejected": rejected}
+             "variables": len(variables), "wall_time": solver.WallTime(), "lns_fragments_rejected": rejected.count}
     if code == cp_model.MODEL_INVALID:
         raise RuntimeError(f"CP-SAT rejected the model: {cp.Validate()}")
     found = None

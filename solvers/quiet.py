@@ -9,7 +9,7 @@ import ctypes
 import os
 import re
 import sys
-import tempfile
+import threading
 from typing import Callable, TypeVar
 
 T = TypeVar("T")
@@ -17,7 +17,10 @@ T = TypeVar("T")
 # OR-Tools' cp_model_solver.cc: LOG(ERROR) << "Infeasible LNS solution! " << info << " solved with params " <<
 # params, where a fragment's solution fails the full model's check; CP-SAT then drops the fragment and goes on
 # (google/or-tools#4013, #4099). The parameters follow as text-format lines, then an empty line.
-LNS_REJECTED = "Infeasible LNS solution!"
+# With absl's log prefix where logging was set up ("E1208 01:02:03.456789 123 cp_model_solver.cc:1234] ").
+REJECTED_LNS = re.compile(r"(?:[IWEF]\d{4} [^\]]*\] )?Infeasible LNS solution!")
+# A text-format field ("name: value", "name {") or a message's closing brace. A record not ended by an empty
+# line would take such a line after it along.
 _PARAMETER_LINE = re.compile(r"\s*([a-z_][a-z0-9_]*\s*(:.*|\{)|\})\s*")
 
 
@@ -58,39 +61,69 @@ def c_stdout_silenced():
         yield
 
 
-def with_stderr(call: Callable[[], T]) -> tuple[T, str]:
-    """`call()` with descriptor 2 written to a file, and what was written there, for the caller to sort. Where
-    `call` raises, what it wrote goes to stderr first."""
-    with tempfile.TemporaryFile() as sink:
-        try:
-            with _pointed(2, sink.fileno()):
-                value = call()
-        except BaseException:
-            sys.stderr.write(_read(sink))
-            raise
-        return value, _read(sink)
+class RejectedLns:
+    """Sorts what CP-SAT prints, line by line as it comes: a report of a rejected LNS fragment (its line, its
+    parameters' lines and the empty line after them) is dropped and counted, every other line kept."""
 
+    def __init__(self) -> None:
+        self.count = 0
+        self._inside = False
 
-def _read(sink) -> str:
-    sink.seek(0)
-    return sink.read().decode(errors="replace")
+    def keeps(self, line: str) -> bool:
+        if self._inside:
+            if _PARAMETER_LINE.fullmatch(line.rstrip("\r\n")):
+                return False
+            self._inside = False
+            if not line.strip():
+                return False
+        if REJECTED_LNS.match(line):
+            self.count += 1
+            self._inside = True
+            return False
+        return True
 
 
 def without_rejected_lns(printed: str) -> tuple[str, int]:
-    """What CP-SAT printed, less its reports of rejected LNS fragments (each a LNS_REJECTED line, its
-    parameters' lines and the empty line after them), and how many there were."""
-    kept, dropped = [], 0
-    lines = printed.splitlines(keepends=True)
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith(LNS_REJECTED):
-            kept.append(lines[i])
-            i += 1
-            continue
-        dropped += 1
-        i += 1
-        while i < len(lines) and _PARAMETER_LINE.fullmatch(lines[i].rstrip("\n")):
-            i += 1
-        if i < len(lines) and not lines[i].strip():
-            i += 1
-    return "".join(kept), dropped
+    """`printed` less its reports of rejected LNS fragments, and how many there were."""
+    sorter = RejectedLns()
+    return "".join(line for line in printed.splitlines(keepends=True) if sorter.keeps(line)), sorter.count
+
+
+def _write_all(descriptor: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):
+        while data:
+            data = data[os.write(descriptor, data):]
+
+
+def with_stderr_sorted(call: Callable[[], T], sorter: RejectedLns) -> T:
+    """`call()` with what it writes to descriptor 2 passed on line by line as it comes, where `sorter` keeps
+    it: a thread reads it from a pipe, so what was written before a crash is out unless the process dies before
+    the thread has read it (a temporary file read afterwards would lose all of it). The back-end must release
+    Python's lock while it runs (CP-SAT's solve does), or a full pipe would stop it. Where descriptor 2 cannot
+    be duplicated (it is closed), `call()` as it is."""
+    _flush_all()
+    try:
+        saved = os.dup(2)
+    except OSError:
+        return call()
+    read, write = os.pipe()
+
+    def pump() -> None:
+        with open(read, "rb") as lines:
+            for line in lines:
+                if sorter.keeps(line.decode(errors="replace")):
+                    _write_all(saved, line)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        try:
+            os.dup2(write, 2)
+        finally:
+            os.close(write)
+        return call()
+    finally:
+        _flush_all()
+        os.dup2(saved, 2)  # the pipe's last write end closes with it, and the reader sees its end
+        reader.join()
+        os.close(saved)

@@ -796,7 +796,7 @@ def test_both_starts_are_built_and_the_lower_is_settled_first(monkeypatch):
 
     def built_start(*args, **kwargs):
         assembly = build(*args, **kwargs)
-        built.append(assembly.objective())
+        built.append(None if assembly is None else assembly.objective())
         return assembly
 
     def settled_start(assembly, *args):
@@ -809,6 +809,6 @@ def test_both_starts_are_built_and_the_lower_is_settled_first(monkeypatch):
         built.clear(), settled.clear()
         monkeypatch.setattr(balance, "STARTS", order)
         result = run_solver("pair-balance", instance, get_oracle("analytic"), QUICK, 0)
-        assert len(built) == 2 and min(built) < max(built) * 0.95
+        assert len(built) == 2 and None not in built and min(built) < max(built) * 0.95
         assert settled[0] == min(built) and result.stats["start_objective"] == min(built)
-        assert result.objective <= min(built)
+        assert result.stats["starts_built"] == 2 and result.objective <= min(built) * (1 + 1e-12)

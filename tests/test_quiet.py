@@ -3,6 +3,8 @@ reports of LNS fragments its own checker rejected on stderr; whatever else they 
 import ctypes
 import dataclasses
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from shardbench.cli import main
 from solvers import run_solver
 from solvers.base import Budget
-from solvers.quiet import with_stderr, without_rejected_lns
+from solvers.quiet import RejectedLns, with_stderr_sorted, without_rejected_lns
 
 SHORT = Path(__file__).parent / "data" / "mixed-ebc-ec-short.json"
 
@@ -38,35 +40,52 @@ def test_rejected_lns_reports_are_dropped_and_everything_else_kept():
     assert without_rejected_lns("") == ("", 0)
 
 
-def test_with_stderr_takes_what_c_writes_to_descriptor_2_and_points_it_back(capfd):
+def test_an_absl_prefix_is_taken_and_a_line_like_a_parameter_outside_a_record_kept():
+    prefixed = "E1208 01:02:03.456789 123 cp_model_solver.cc:1234] " + REJECTED
+    assert without_rejected_lns(prefixed + "random_seed: 7\n") == ("random_seed: 7\n", 1)
+
+
+def test_what_c_writes_to_descriptor_2_is_passed_on_as_it_comes_less_the_reports(capfd):
     libc = ctypes.CDLL(None)
+    sorter = RejectedLns()
 
     def writes():
         os.write(2, b"from the descriptor\n")
+        libc.write(2, REJECTED.encode(), len(REJECTED.encode()))
         libc.write(2, b"from C\n", 7)
         return 42
 
-    assert with_stderr(writes) == (42, "from the descriptor\nfrom C\n")
+    assert with_stderr_sorted(writes, sorter) == 42 and sorter.count == 1
     os.write(2, b"after\n")
-    assert capfd.readouterr().err == "after\n"
+    assert capfd.readouterr().err == "from the descriptor\nfrom C\nafter\n"
 
 
-def test_with_stderr_lets_what_was_written_out_when_the_call_raises(capfd):
+def test_what_was_written_before_the_call_raised_is_out(capfd):
     def fails():
         os.write(2, b"why it failed\n")
         raise ValueError("boom")
 
     with pytest.raises(ValueError, match="boom"):
-        with_stderr(fails)
+        with_stderr_sorted(fails, RejectedLns())
     assert capfd.readouterr().err == "why it failed\n"
 
 
-def test_cpsat_counts_rejected_fragments_and_passes_other_lines_on(monkeypatch, capfd):
+def test_with_descriptor_2_closed_the_call_runs_as_it_is():
+    code = ("import os; os.close(2)\n"
+            "from solvers.quiet import RejectedLns, with_stderr_sorted\n"
+            "print(with_stderr_sorted(lambda: 42, RejectedLns()))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 0 and done.stdout == "42\n"
+
+
+def test_cpsat_counts_rejected_fragments_over_all_its_runs_and_passes_other_lines_on(monkeypatch, capfd):
     from ortools.sat.python import cp_model
 
-    solve = cp_model.CpSolver.Solve
+    solve, calls = cp_model.CpSolver.Solve, []
 
     def noisy(self, model, *args, **kwargs):
+        calls.append(1)
         os.write(2, (REJECTED + "a warning of its own\n").encode())
         return solve(self, model, *args, **kwargs)
 
@@ -75,6 +94,6 @@ def test_cpsat_counts_rejected_fragments_and_passes_other_lines_on(monkeypatch, 
     task = sample_tasks(TaskSpec("autoshard", 200, count=1, num_devices=16, memory=MemorySpec(tightness=1.1)))[0]
     instance = dataclasses.replace(task, sharding_types=("table_wise",))
     result = run_solver("cpsat", instance, get_oracle("lookup"), Budget(1.0), 0)
-    assert result.plan is not None and result.stats["lns_fragments_rejected"] == 1
+    assert result.plan is not None and calls and result.stats["lns_fragments_rejected"] == len(calls)
     printed = capfd.readouterr().err
-    assert "Infeasible LNS" not in printed and "a warning of its own" in printed
+    assert "Infeasible LNS" not in printed and printed.count("a warning of its own") == len(calls)
