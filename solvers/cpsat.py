@@ -84,8 +84,9 @@ def cpsat(problem: Problem, budget: Budget, seed: int, workers: int | None = Non
     if core is not None:
         start, core_stats = _core_first(candidates, start, core, budget.share(CORE_UNTIL), seed, workers)
         if start.proven(budget.gap):
-            return finish(problem, None, start.lower_bound, start, {
-                "backend": "cpsat", **core_stats, "lns_fragments_rejected": core_stats["core"]["lns_fragments_rejected"]})
+            rejected = core_stats["core"]["lns_fragments_rejected"]
+            return finish(problem, None, start.lower_bound, start,
+                          {"backend": "cpsat", **core_stats, "lns_fragments_rejected": rejected})
     widening, near = [], ExactStart(None, start.lower_bound)
     cuts = neighbourhoods(candidates, centre)
     for i, cut in enumerate(cuts):
