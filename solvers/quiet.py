@@ -83,12 +83,6 @@ class RejectedLns:
         return True
 
 
-def without_rejected_lns(printed: str) -> tuple[str, int]:
-    """`printed` less its reports of rejected LNS fragments, and how many there were."""
-    sorter = RejectedLns()
-    return "".join(line for line in printed.splitlines(keepends=True) if sorter.keeps(line)), sorter.count
-
-
 def _write_all(descriptor: int, data: bytes) -> None:
     with contextlib.suppress(OSError):
         while data:

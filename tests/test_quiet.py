@@ -14,7 +14,7 @@ from instances.sampler import MemorySpec, TaskSpec, sample_tasks
 from shardbench.cli import main
 from solvers import run_solver
 from solvers.base import Budget
-from solvers.quiet import RejectedLns, with_stderr_sorted, without_rejected_lns
+from solvers.quiet import RejectedLns, with_stderr_sorted
 
 SHORT = Path(__file__).parent / "data" / "mixed-ebc-ec-short.json"
 
@@ -22,6 +22,12 @@ SHORT = Path(__file__).parent / "data" / "mixed-ebc-ec-short.json"
 REJECTED = ("Infeasible LNS solution! rins_pump_lns (d=8.08e-01 s=96 t=0.10 p=0.75 stall=3 h=base) solved with "
             "params goo.gle/debugproto   \nrandom_seed: 0\nmax_time_in_seconds: 26.527558895999391\n"
             "search_branching: AUTOMATIC_SEARCH\nnum_workers: 2\n\n")
+
+
+def without_rejected_lns(printed: str) -> tuple[str, int]:
+    """What `RejectedLns` keeps of `printed`, line by line, and how many reports it dropped."""
+    sorter = RejectedLns()
+    return "".join(line for line in printed.splitlines(keepends=True) if sorter.keeps(line)), sorter.count
 
 
 def test_plan_prints_no_stray_line_from_highs(tmp_path, capfd):
