@@ -89,35 +89,46 @@ def _write_all(descriptor: int, data: bytes) -> None:
             data = data[os.write(descriptor, data):]
 
 
+def _pump(read: int, saved: int, sorter: RejectedLns) -> None:
+    with open(read, "rb") as lines:
+        for line in lines:
+            if sorter.keeps(line.decode(errors="replace")):
+                _write_all(saved, line)
+
+
 def with_stderr_sorted(call: Callable[[], T], sorter: RejectedLns) -> T:
     """`call()` with what it writes to descriptor 2 passed on line by line as it comes, where `sorter` keeps
-    it: a thread reads it from a pipe, so what was written before a crash is out unless the process dies before
-    the thread has read it (a temporary file read afterwards would lose all of it). The back-end must release
-    Python's lock while it runs (CP-SAT's solve does), or a full pipe would stop it. Where descriptor 2 cannot
-    be duplicated (it is closed), `call()` as it is."""
+    it: a thread reads it from a pipe, so a line is out while the call still runs (a file read afterwards
+    would hold all of it back). What the back-end writes just before it aborts the process is lost, as the
+    thread has no time to read it. Descriptor 2 is the process's: one such call at a time, and a child process
+    started inside keeps the call waiting until it exits. The back-end must release Python's lock while it
+    runs (CP-SAT's solve does), or a full pipe would stop it. Where descriptor 2 cannot be duplicated (it is
+    closed), `call()` as it is."""
     _flush_all()
     try:
         saved = os.dup(2)
     except OSError:
         return call()
-    read, write = os.pipe()
-
-    def pump() -> None:
-        with open(read, "rb") as lines:
-            for line in lines:
-                if sorter.keeps(line.decode(errors="replace")):
-                    _write_all(saved, line)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
     try:
+        read, write = os.pipe()
         try:
-            os.dup2(write, 2)
-        finally:
+            reader = threading.Thread(target=_pump, args=(read, saved, sorter), daemon=True)
+            reader.start()
+        except BaseException:
+            os.close(read)
             os.close(write)
-        return call()
+            raise
+        try:
+            try:
+                os.dup2(write, 2)
+            finally:
+                os.close(write)
+            return call()
+        finally:
+            try:
+                _flush_all()
+            finally:
+                os.dup2(saved, 2)  # the pipe's last write end closes with it, and the reader sees its end
+                reader.join()
     finally:
-        _flush_all()
-        os.dup2(saved, 2)  # the pipe's last write end closes with it, and the reader sees its end
-        reader.join()
         os.close(saved)

@@ -5,6 +5,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -71,9 +72,23 @@ def test_what_was_written_before_the_call_raised_is_out(capfd):
         os.write(2, b"why it failed\n")
         raise ValueError("boom")
 
+    opened = len(os.listdir("/proc/self/fd"))
     with pytest.raises(ValueError, match="boom"):
         with_stderr_sorted(fails, RejectedLns())
-    assert capfd.readouterr().err == "why it failed\n"
+    os.write(2, b"after\n")
+    assert capfd.readouterr().err == "why it failed\nafter\n" and len(os.listdir("/proc/self/fd")) == opened
+
+
+def test_a_line_is_passed_on_while_the_call_still_runs(capfd):
+    def writes_and_waits():
+        os.write(2, b"early\n")
+        seen, until = "", time.monotonic() + 10
+        while "early" not in seen and time.monotonic() < until:
+            time.sleep(0.01)
+            seen += capfd.readouterr().err
+        return seen
+
+    assert "early" in with_stderr_sorted(writes_and_waits, RejectedLns())
 
 
 def test_with_descriptor_2_closed_the_call_runs_as_it_is():
