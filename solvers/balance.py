@@ -880,8 +880,8 @@ def pair_balance(problem: Problem, budget: Budget, seed: int) -> SolveResult:
         assembly = balanced_start(candidates, centre, choose, deadline,
                                   time.monotonic() + LEVEL_SHARE * budget.time_limit)
         if assembly is not None:
-            built.append((assembly.objective(), len(built), name, assembly))
-    for objective, _, name, assembly in sorted(built, key=lambda b: b[:2]):
+            built.append((assembly.objective(), name, assembly))
+    for objective, name, assembly in sorted(built, key=lambda b: b[0]):
         if best is not None and (past(deadline) or meets_bound(best)):
             break
         stats.setdefault("start_objective", objective)

@@ -89,11 +89,11 @@ def _write_all(descriptor: int, data: bytes) -> None:
             data = data[os.write(descriptor, data):]
 
 
-def _pump(read: int, saved: int, sorter: RejectedLns) -> None:
+def _pump(read: int, out: int, sorter: RejectedLns) -> None:
     with open(read, "rb") as lines:
         for line in lines:
             if sorter.keeps(line.decode(errors="replace")):
-                _write_all(saved, line)
+                _write_all(out, line)
 
 
 def with_stderr_sorted(call: Callable[[], T], sorter: RejectedLns) -> T:
@@ -104,31 +104,24 @@ def with_stderr_sorted(call: Callable[[], T], sorter: RejectedLns) -> T:
     started inside keeps the call waiting until it exits. The back-end must release Python's lock while it
     runs (CP-SAT's solve does), or a full pipe would stop it. Where descriptor 2 cannot be duplicated (it is
     closed), `call()` as it is."""
-    _flush_all()
     try:
-        saved = os.dup(2)
+        out = os.dup(2)
     except OSError:
         return call()
     try:
         read, write = os.pipe()
+        reader = threading.Thread(target=_pump, args=(read, out, sorter), daemon=True)
         try:
-            reader = threading.Thread(target=_pump, args=(read, saved, sorter), daemon=True)
             reader.start()
         except BaseException:
             os.close(read)
             os.close(write)
             raise
         try:
-            try:
-                os.dup2(write, 2)
-            finally:
-                os.close(write)
-            return call()
+            with _pointed(2, write):
+                return call()
         finally:
-            try:
-                _flush_all()
-            finally:
-                os.dup2(saved, 2)  # the pipe's last write end closes with it, and the reader sees its end
-                reader.join()
+            os.close(write)  # descriptor 2 pointed back, the pipe's last write end: the reader sees its end
+            reader.join()
     finally:
-        os.close(saved)
+        os.close(out)
